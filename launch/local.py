@@ -1,0 +1,130 @@
+r"""Runs a tunix_pw job as N controller processes on this machine.
+
+  python launch/local.py --num_processes=2 -- \
+      --config=tunix_pw/configs/smoke.py --workdir=/tmp/smoke2
+
+Each process gets exactly the environment a GKE/XPK JobSet gives a CPU pod
+(JAX_COORDINATOR_ADDRESS, JAX_PROCESS_COUNT, PROCESSES_IN_JOB, JOB_INDEX,
+JOB_COMPLETION_INDEX), so the multi-controller backend runs unchanged. Logs
+stream with a `[pN]` prefix. SIGTERM/SIGINT are forwarded to every process.
+When a process fails, the others are stopped and the launcher exits with that
+process's code; exit 42 (preempted after a checkpoint) waits for the others,
+which agreed on the same stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+PREEMPTED = 42
+STOP_GRACE_SECONDS = 10.0
+# After one process exits 42, how long the others get to reach the same stop.
+PREEMPT_WAIT_SECONDS = 120.0
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('localhost', 0))
+    return s.getsockname()[1]
+
+
+def process_env(index: int, count: int, port: int) -> dict[str, str]:
+  """The JobSet variables for process `index` of `count` (one job)."""
+  return {
+      'JAX_COORDINATOR_ADDRESS': f'localhost:{port}',
+      'JAX_PROCESS_COUNT': str(count),
+      'PROCESSES_IN_JOB': str(count),
+      'JOB_INDEX': '0',
+      'JOB_COMPLETION_INDEX': str(index),
+  }
+
+
+def _stream(index: int, pipe) -> None:
+  for line in iter(pipe.readline, b''):
+    sys.stdout.write(f'[p{index}] {line.decode(errors="replace")}')
+    sys.stdout.flush()
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+  """SIGTERM the live processes, then SIGKILL what outlives the grace."""
+  for p in procs:
+    if p.poll() is None:
+      p.send_signal(signal.SIGTERM)
+  deadline = time.monotonic() + STOP_GRACE_SECONDS
+  for p in procs:
+    try:
+      p.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      p.kill()
+      p.wait()
+
+
+def launch(num_processes: int, job_args: list[str]) -> int:
+  port = free_port()
+  procs = []
+  for i in range(num_processes):
+    env = {**os.environ, **process_env(i, num_processes, port)}
+    procs.append(subprocess.Popen(
+        [sys.executable, '-m', 'tunix_pw.main', *job_args], env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+  streams = [threading.Thread(target=_stream, args=(i, p.stdout), daemon=True)
+             for i, p in enumerate(procs)]
+  for t in streams:
+    t.start()
+
+  def forward(signum, _):
+    for p in procs:
+      if p.poll() is None:
+        p.send_signal(signal.SIGTERM if signum == signal.SIGINT else signum)
+
+  signal.signal(signal.SIGTERM, forward)
+  signal.signal(signal.SIGINT, forward)
+
+  code, preempted_at = 0, None
+  while any(p.poll() is None for p in procs):
+    failed = [p for p in procs if p.poll() not in (None, 0, PREEMPTED)]
+    if preempted_at is None and any(p.poll() == PREEMPTED for p in procs):
+      preempted_at = time.monotonic()
+    late = (preempted_at is not None and
+            time.monotonic() - preempted_at > PREEMPT_WAIT_SECONDS)
+    if failed or late:
+      code = _exit_code(failed[0].returncode) if failed else PREEMPTED
+      culprit = procs.index(failed[0]) if failed else 'a peer'
+      print(f'[launch] process {culprit} exited with {code}; stopping the '
+            'others', flush=True)
+      _stop(procs)
+      break
+    time.sleep(0.1)
+  for t in streams:
+    t.join()
+  return code or next((_exit_code(p.returncode) for p in procs
+                       if p.returncode), 0)
+
+
+def _exit_code(returncode: int) -> int:
+  """A child's return code as a shell exit status (signal N -> 128 + N)."""
+  return 128 - returncode if returncode < 0 else returncode
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('--num_processes', type=int, default=2)
+  parser.add_argument('job_args', nargs=argparse.REMAINDER,
+                      help='-- then the arguments of tunix_pw.main')
+  args = parser.parse_args()
+  job_args = args.job_args[1:] if args.job_args[:1] == ['--'] else args.job_args
+  if args.num_processes < 1:
+    parser.error('--num_processes must be at least 1')
+  sys.exit(launch(args.num_processes, job_args))
+
+
+if __name__ == '__main__':
+  main()

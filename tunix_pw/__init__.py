@@ -1,0 +1,1 @@
+"""tunix_pw: a Pathways-first JAX post-training framework."""

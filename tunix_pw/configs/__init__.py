@@ -1,0 +1,1 @@
+"""ml_collections config files: each defines get_config(arg=None)."""

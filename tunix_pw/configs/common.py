@@ -1,0 +1,49 @@
+"""Blocks shared by the config files.
+
+Hyperparameters live in config files only; infrastructure (cluster, TPU type,
+image) lives in xpk_configs/.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_collections
+
+
+def runtime(host_device_count: int = 0) -> ml_collections.ConfigDict:
+  """The runtime block.
+
+  host_device_count: virtual CPU devices for the whole job when JAX runs on
+    CPU (split evenly over processes); 0 leaves JAX's default. Ignored on TPU.
+  compilation_cache_dir: persistent XLA compilation cache ('' disables it).
+  """
+  return ml_collections.ConfigDict(dict(
+      host_device_count=host_device_count,
+      compilation_cache_dir=os.path.join(
+          os.path.expanduser('~'), '.cache', 'tunix_pw', 'xla'),
+  ))
+
+
+def meshes(layout: str, **roles: tuple[str, str]) -> ml_collections.ConfigDict:
+  """The meshes block: meshes('disaggregated', actor=('fsdp=4', '0:4'), ...).
+
+  Each role is (axes, devices); see runtime/meshes.py for the grammar.
+  """
+  block = ml_collections.ConfigDict({'layout': layout})
+  for role, (axes, devices) in roles.items():
+    block[role] = ml_collections.ConfigDict(dict(axes=axes, devices=devices))
+  return block
+
+
+def sharding() -> ml_collections.ConfigDict:
+  """Logical axis -> mesh axes. One rule set serves every role's mesh: an axis
+  a mesh lacks (or of size 1) is dropped, so fsdp vs tp is the mesh's shape."""
+  return ml_collections.ConfigDict(dict(
+      batch='data,fsdp',
+      embed='fsdp',
+      mlp='tp',
+      heads='tp',
+      kv_heads='tp',
+      vocab='tp',
+  ))

@@ -1,0 +1,24 @@
+"""Jobs by name.
+
+A job is a module with `validate(config)` (static checks, no devices) and
+`run(config, runtime, meshes, workdir)` (one explicit loop). `config.job`
+picks it; modules are imported only when chosen.
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+
+from tunix_pw.errors import UsageError
+
+_JOBS = {
+    'smoke': 'tunix_pw.jobs.smoke',
+}
+
+
+def get(name: str) -> types.ModuleType:
+  if name not in _JOBS:
+    raise UsageError(f'--config.job={name!r} is unknown; use one of '
+                     f'{", ".join(sorted(_JOBS))}.')
+  return importlib.import_module(_JOBS[name])

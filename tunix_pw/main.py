@@ -1,0 +1,208 @@
+r"""Entry point of every tunix_pw job.
+
+  python -m tunix_pw.main --config=tunix_pw/configs/smoke.py[:arg] \
+      [--config.a.b=value ...] --workdir=DIR
+
+Exit codes: 0 done; 2 bad config, usage or input (one sentence on stderr,
+no traceback); 42 preempted after a checkpoint (XPK restarts on it); anything
+else is a crash.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import json
+import os
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from absl import app, flags, logging
+from etils import epath
+import jax
+import ml_collections
+from ml_collections import config_flags
+
+from tunix_pw import jobs
+from tunix_pw.errors import UsageError
+from tunix_pw.runtime import backend, meshes
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', None, 'Config file and optional arg: path.py[:arg].',
+    lock_config=True)
+_WORKDIR = flags.DEFINE_string(
+    'workdir', None, 'Job directory: config snapshot, checkpoints, metrics. '
+    'A run into an existing workdir resumes it.')
+_COORDINATOR = flags.DEFINE_string(
+    'coordinator_address', '', 'Multi-controller coordinator host:port; '
+    'overrides what the cluster environment says.')
+_NUM_PROCESSES = flags.DEFINE_integer(
+    'num_processes', 0, 'Process count, with --coordinator_address.')
+_PROCESS_ID = flags.DEFINE_integer(
+    'process_id', -1, 'This process id, with --coordinator_address.')
+
+SNAPSHOT = 'config.json'
+EXIT_USAGE = 2
+
+
+def _fail(message: str) -> None:
+  print(f'error: {message}', file=sys.stderr, flush=True)
+  sys.exit(EXIT_USAGE)
+
+
+def _config_arg(argv: Sequence[str]) -> str:
+  for i, arg in enumerate(argv):
+    if arg.startswith('--config='):
+      return arg.split('=', 1)[1]
+    if arg == '--config' and i + 1 < len(argv):
+      return argv[i + 1]
+  raise UsageError('--config is required, e.g. '
+                   '--config=tunix_pw/configs/demo.py.')
+
+
+def _load_config_file(spec: str) -> ml_collections.ConfigDict:
+  """Loads `path.py[:arg]` the way config_flags does, with clear errors."""
+  path, _, arg = spec.partition(':')
+  if not os.path.isfile(path) or not os.access(path, os.R_OK):
+    raise UsageError(f'--config={spec}: no readable config file at {path!r}.')
+  try:
+    module_spec = importlib.util.spec_from_file_location('_tunix_cfg', path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg) if arg else module.get_config()
+  except Exception as e:  # any failure of user code in the config file
+    raise UsageError(f'--config={spec}: get_config failed: '
+                     f'{type(e).__name__}: {e}') from None
+
+
+def _check_override_keys(config: ml_collections.ConfigDict,
+                         argv: Sequence[str]) -> None:
+  """Names a misspelled --config.a.b override, with the closest field."""
+  for arg in argv:
+    name = arg.split('=', 1)[0].lstrip('-')
+    if name.startswith('noconfig.'):
+      name = name[2:]
+    if not name.startswith('config.'):
+      continue
+    node = config
+    for key in name.split('.')[1:]:
+      fields = list(node.keys()) if hasattr(node, 'keys') else []
+      if key not in fields:
+        close = difflib.get_close_matches(key, fields, n=1)
+        hint = f'did you mean {close[0]!r}?' if close else (
+            f'fields here: {", ".join(fields) or "none"}.')
+        raise UsageError(f'--{name}: the config has no field {key!r}; {hint}')
+      node = node[key]
+
+
+def _describe_flag_error(config: ml_collections.ConfigDict, error: str) -> str:
+  """'flag --config.steps=abc: invalid literal...' -> a sentence with the
+  type the field expects."""
+  match = re.match(r'flag --config\.([\w.]+)=(.*?): ', error)
+  if not match:
+    return error.rstrip('.') + '.'
+  key, value = match.groups()
+  current = config
+  for part in key.split('.'):
+    current = current[part]
+  return (f'--config.{key}={value!r} is not a valid '
+          f'{type(current).__name__}, the type of that field.')
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with every config problem turned into exit 2."""
+  try:
+    config = _load_config_file(_config_arg(argv[1:]))
+    _check_override_keys(config, argv[1:])
+    try:
+      rest = flags.FLAGS(argv)
+    except flags.Error as e:
+      raise UsageError(_describe_flag_error(config, str(e))) from None
+    except (ValueError, TypeError, AttributeError, KeyError) as e:
+      raise UsageError(f'bad --config override: {e}') from None
+    if not isinstance(_CONFIG.value, ml_collections.ConfigDict):
+      raise UsageError(f'--config={_config_arg(argv[1:])} did not load.')
+    return rest
+  except UsageError as e:
+    _fail(str(e))
+
+
+def _flat(tree: Any, prefix: str = '') -> dict[str, Any]:
+  if not isinstance(tree, dict):
+    return {prefix: tree}
+  out = {}
+  for k, v in tree.items():
+    out.update(_flat(v, f'{prefix}.{k}' if prefix else k))
+  return out
+
+
+def _shape_defining(config: dict[str, Any]) -> dict[str, Any]:
+  """The fields a checkpoint depends on: the model and the mesh shapes."""
+  flat = _flat(config)
+  return {k: v for k, v in flat.items()
+          if k.startswith('model.') or
+          (k.startswith('meshes.') and k.endswith('.axes'))}
+
+
+def check_resume(config: ml_collections.ConfigDict, workdir: epath.Path):
+  """Refuses to resume into a workdir whose snapshot differs in shape."""
+  snapshot = workdir / SNAPSHOT
+  if not snapshot.exists():
+    return
+  try:
+    before = _shape_defining(json.loads(snapshot.read_text()))
+  except (OSError, ValueError) as e:
+    raise UsageError(f'--workdir={workdir}: unreadable config snapshot '
+                     f'{snapshot} ({e}); use a new --workdir.') from None
+  now = _shape_defining(json.loads(config.to_json_best_effort()))
+  for key in sorted(set(before) | set(now)):
+    if before.get(key) != now.get(key):
+      raise UsageError(
+          f'--config.{key}={now.get(key)!r} differs from {before.get(key)!r} '
+          f'in the snapshot of --workdir={workdir}, so its checkpoints cannot '
+          'resume; use the same value or a new --workdir.')
+
+
+def _static_checks(config: ml_collections.ConfigDict):
+  job = jobs.get(config.job)
+  meshes.check(config.meshes)
+  job.validate(config)
+  if not _WORKDIR.value:
+    raise UsageError('--workdir is required (checkpoints, metrics and the '
+                     'config snapshot go there).')
+  return job
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    _fail(f'unexpected arguments {" ".join(argv[1:])!r}; flags take the form '
+          '--name=value.')
+  config = _CONFIG.value
+  try:
+    job = _static_checks(config)
+    workdir = epath.Path(_WORKDIR.value)
+    check_resume(config, workdir)
+    if config.runtime.compilation_cache_dir:
+      jax.config.update('jax_compilation_cache_dir',
+                        config.runtime.compilation_cache_dir)
+    detection = backend.detect(os.environ, _COORDINATOR.value,
+                               _NUM_PROCESSES.value, _PROCESS_ID.value)
+    runtime = backend.start(detection, config.runtime.host_device_count)
+    role_meshes = meshes.build(config.meshes, runtime.devices)
+    logging.info('%s; meshes: %s', runtime.describe(), role_meshes.describe())
+    if runtime.is_coordinator:
+      workdir.mkdir(parents=True, exist_ok=True)
+      (workdir / SNAPSHOT).write_text(config.to_json_best_effort(indent=2))
+    job.run(config, runtime, role_meshes, str(workdir))
+  except UsageError as e:
+    _fail(str(e))
+
+
+def run() -> None:
+  app.run(main, flags_parser=_parse_flags)
+
+
+if __name__ == '__main__':
+  run()

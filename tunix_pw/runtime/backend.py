@@ -1,0 +1,162 @@
+"""Detects and starts the job's runtime: Pathways, multi-controller or local.
+
+Everything after `start` reads the returned `Runtime` instead of the
+environment, so the same job code runs on one Pathways controller, on one
+process per host, or in a single local process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+import dataclasses
+from typing import Any
+
+import jax
+
+from tunix_pw.errors import UsageError
+
+PATHWAYS = 'pathways'
+MULTI_CONTROLLER = 'multi_controller'
+LOCAL = 'local'
+
+# Default coordinator ports, by the cluster flavour that names the address.
+_CPU_PORT = 1234  # JobSets for CPU pods name the host only.
+_TPU_PORT = 8476  # the port JAX's own TPU cluster detection uses.
+
+
+@dataclasses.dataclass(frozen=True)
+class Detection:
+  """What the environment asks for, before anything is started."""
+
+  backend: str
+  reason: str
+  coordinator_address: str | None = None
+  process_count: int = 1
+  process_id: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Runtime:
+  """The started runtime: the one value the rest of the code reads."""
+
+  backend: str
+  reason: str
+  process_index: int
+  process_count: int
+  devices: tuple[Any, ...]  # global devices in jax.devices() order
+
+  @property
+  def is_coordinator(self) -> bool:
+    """True on the one process that writes shared files and prints."""
+    return self.process_index == 0
+
+  def describe(self) -> str:
+    return (f'runtime {self.backend} ({self.reason}): process '
+            f'{self.process_index} of {self.process_count}, '
+            f'{len(self.devices)} {self.devices[0].platform} devices')
+
+  @property
+  def local_devices(self) -> tuple[Any, ...]:
+    return tuple(
+        d for d in self.devices if d.process_index == self.process_index)
+
+
+def _int_var(env: Mapping[str, str], name: str) -> int:
+  value = env.get(name)
+  if value is None:
+    raise UsageError(f'environment variable {name} is missing; the cluster '
+                     'environment names a coordinator but not this value.')
+  try:
+    return int(value)
+  except ValueError:
+    raise UsageError(
+        f'environment variable {name}={value!r} is not an integer.') from None
+
+
+def _with_port(address: str, port: int | str) -> str:
+  return address if ':' in address else f'{address}:{port}'
+
+
+def detect(env: Mapping[str, str],
+           coordinator_address: str = '',
+           process_count: int = 0,
+           process_id: int = -1) -> Detection:
+  """Chooses the backend from the environment and explicit flags.
+
+  Pure: reads only its arguments, so every cluster flavour is table-tested.
+  """
+  if 'proxy' in env.get('JAX_PLATFORMS', ''):
+    return Detection(PATHWAYS, 'JAX_PLATFORMS names the Pathways proxy')
+
+  if coordinator_address:
+    if process_count < 1 or not 0 <= process_id < process_count:
+      raise UsageError(
+          '--coordinator_address needs --num_processes >= 1 and '
+          '0 <= --process_id < --num_processes.')
+    return Detection(MULTI_CONTROLLER, 'explicit --coordinator_address flag',
+                     coordinator_address, process_count, process_id)
+
+  hosts = [h for h in env.get('TPU_WORKER_HOSTNAMES', '').split(',') if h]
+  num_slices = int(env.get('MEGASCALE_NUM_SLICES', '1') or 1)
+  if len(hosts) > 1 or num_slices > 1:
+    hosts = hosts or ['localhost']
+    slice_id = _int_var(env, 'MEGASCALE_SLICE_ID') if num_slices > 1 else 0
+    worker_id = _int_var(env, 'TPU_WORKER_ID') if len(hosts) > 1 else 0
+    coordinator = (env.get('MEGASCALE_COORDINATOR_ADDRESS') if num_slices > 1
+                   else hosts[0]) or hosts[0]
+    return Detection(
+        MULTI_CONTROLLER,
+        f'TPU pod: {len(hosts)} hosts x {num_slices} slices',
+        _with_port(coordinator, _TPU_PORT), len(hosts) * num_slices,
+        slice_id * len(hosts) + worker_id)
+
+  address = env.get('JAX_COORDINATOR_ADDRESS')
+  if address and 'NNODES' in env:
+    port = env.get('JAX_COORDINATOR_PORT', str(_CPU_PORT))
+    return Detection(MULTI_CONTROLLER, 'GPU JobSet (NNODES, NODE_RANK)',
+                     _with_port(address, port), _int_var(env, 'NNODES'),
+                     _int_var(env, 'NODE_RANK'))
+  if address:
+    per_job = _int_var(env, 'PROCESSES_IN_JOB')
+    pid = (_int_var(env, 'JOB_INDEX') * per_job +
+           _int_var(env, 'JOB_COMPLETION_INDEX'))
+    count = _int_var(env, 'JAX_PROCESS_COUNT')
+    if not 0 <= pid < count:
+      raise UsageError(f'the process id {pid} from JOB_INDEX, PROCESSES_IN_JOB '
+                       f'and JOB_COMPLETION_INDEX is outside '
+                       f'JAX_PROCESS_COUNT={count}.')
+    return Detection(MULTI_CONTROLLER, 'CPU JobSet (JAX_COORDINATOR_ADDRESS)',
+                     _with_port(address, _CPU_PORT), count, pid)
+
+  return Detection(LOCAL, 'no Pathways proxy and no coordinator in the '
+                   'environment')
+
+
+def start(detection: Detection, host_device_count: int = 0) -> Runtime:
+  """Starts the detected backend and returns the Runtime.
+
+  Args:
+    detection: what `detect` chose.
+    host_device_count: virtual CPU devices for the whole job, split evenly over
+      its processes; only applies when JAX runs on CPU (tests, demos).
+  """
+  if host_device_count:
+    if host_device_count % detection.process_count:
+      raise UsageError(
+          f'--config.runtime.host_device_count={host_device_count} does not '
+          f'divide over {detection.process_count} processes; use a multiple.')
+    jax.config.update('jax_num_cpu_devices',
+                      host_device_count // detection.process_count)
+
+  if detection.backend == PATHWAYS:
+    import pathwaysutils  # pylint: disable=g-import-not-at-top
+    pathwaysutils.initialize()
+  elif detection.backend == MULTI_CONTROLLER:
+    # Cross-process collectives on CPU (tests, CPU pods); ignored elsewhere.
+    jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+    jax.distributed.initialize(detection.coordinator_address,
+                               detection.process_count, detection.process_id)
+
+  return Runtime(detection.backend, detection.reason, jax.process_index(),
+                 jax.process_count(), tuple(jax.devices()))
+

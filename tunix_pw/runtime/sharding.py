@@ -1,0 +1,49 @@
+"""Logical axis names -> PartitionSpecs on a role's mesh, by config rules.
+
+Model code names logical axes only ('batch', 'embed', 'mlp', 'heads', ...);
+the config maps each to mesh axes (`--config.sharding.mlp=tp`). A mesh axis
+that the mesh lacks, that has size 1, or that does not divide the dimension is
+dropped, so one KV head under tp=4 is replicated by rule rather than an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+import math
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+Rules = Mapping[str, str]  # logical axis -> 'mesh_axis[,mesh_axis...]'
+
+
+def spec(shape: Sequence[int], logical_axes: Sequence[str | None],
+         mesh: Mesh, rules: Rules) -> PartitionSpec:
+  """The PartitionSpec for one array of `shape` with named logical axes."""
+  if len(shape) != len(logical_axes):
+    raise ValueError(f'shape {tuple(shape)} has {len(shape)} dims but logical '
+                     f'axes {tuple(logical_axes)} name {len(logical_axes)}')
+  used = set()
+  parts = []
+  for dim, logical in zip(shape, logical_axes):
+    axes = [a for a in (rules.get(logical, '') if logical else '').split(',')
+            if a and mesh.shape.get(a, 1) > 1 and a not in used]
+    while axes and dim % math.prod(mesh.shape[a] for a in axes):
+      axes.pop()  # drop the innermost axis until the size divides
+    used.update(axes)
+    parts.append(None if not axes else axes[0] if len(axes) == 1
+                 else tuple(axes))
+  return PartitionSpec(*parts)
+
+
+def named(mesh: Mesh, shape: Sequence[int],
+          logical_axes: Sequence[str | None], rules: Rules) -> NamedSharding:
+  return NamedSharding(mesh, spec(shape, logical_axes, mesh, rules))
+
+
+def tree_shardings(mesh: Mesh, shapes: object, logical: object,
+                   rules: Rules) -> object:
+  """Shardings for a pytree of shapes (anything with .shape) and a matching
+  pytree of logical-axis tuples."""
+  return jax.tree.map(lambda x, axes: named(mesh, x.shape, axes, rules),
+                      shapes, logical)
