@@ -1,0 +1,84 @@
+"""Real multi-controller runs on localhost: by hand with only the XPK CPU
+variables, and through launch/local.py; failures never hang the launcher."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+
+from launch import local
+from tests import helpers
+
+SMOKE = ['--config=tunix_pw/configs/smoke.py:collocated', '--config.steps=4']
+
+
+def losses(workdir):
+  summary = json.loads((workdir / 'smoke_summary.json').read_text())
+  return summary, np.array(summary['losses'])
+
+
+def test_two_processes_by_hand_match_one_process(tmp_path):
+  single = helpers.run_main(*SMOKE, f'--workdir={tmp_path / "one"}')
+  assert single.returncode == 0, single.stderr
+  _, expected = losses(tmp_path / 'one')
+
+  port = local.free_port()
+  procs = [
+      subprocess.Popen(
+          [sys.executable, '-m', 'tunix_pw.main', *SMOKE,
+           f'--workdir={tmp_path / "two"}'],
+          cwd=helpers.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+          text=True, env=helpers.env(**local.process_env(i, 2, port)))
+      for i in range(2)]
+  outputs = [p.communicate(timeout=300)[0] for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], outputs
+  summary, got = losses(tmp_path / 'two')
+  assert summary['backend'] == 'multi_controller'
+  assert summary['processes'] == 2 and summary['devices'] == 8
+  np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
+
+
+def test_launcher_matches_one_process(tmp_path):
+  single = helpers.run_main(*SMOKE, f'--workdir={tmp_path / "one"}')
+  assert single.returncode == 0, single.stderr
+  result = helpers.launch_local(2, *SMOKE, f'--workdir={tmp_path / "two"}')
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert '[p0] smoke: multi_controller backend, 2 process(es)' in result.stdout
+  np.testing.assert_allclose(losses(tmp_path / 'two')[1],
+                             losses(tmp_path / 'one')[1], atol=1e-6, rtol=0)
+
+
+def test_killing_one_process_fails_the_launcher_quickly(tmp_path):
+  launcher = subprocess.Popen(
+      [sys.executable, os.path.join(helpers.ROOT, 'launch', 'local.py'),
+       '--num_processes=2', '--', *SMOKE[:1], '--config.steps=100000000',
+       f'--workdir={tmp_path}'],
+      cwd=helpers.ROOT, env=helpers.env(), stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True)
+  # The snapshot is written once both processes are up and meshes are built.
+  deadline = time.monotonic() + 120
+  while not (tmp_path / 'config.json').exists():
+    assert time.monotonic() < deadline and launcher.poll() is None
+    time.sleep(0.2)
+  children = psutil.Process(launcher.pid).children()
+  assert len(children) == 2
+  children[1].send_signal(signal.SIGKILL)
+  killed_at = time.monotonic()
+  output, _ = launcher.communicate(timeout=60)
+  assert time.monotonic() - killed_at < 60
+  assert launcher.returncode == 128 + signal.SIGKILL, output
+  assert 'process 1 exited with 137; stopping the others' in output
+
+
+def test_launcher_environment_is_what_the_backend_reads():
+  from tunix_pw.runtime import backend  # pylint: disable=g-import-not-at-top
+  for i in range(3):
+    detection = backend.detect(local.process_env(i, 3, 999))
+    assert (detection.backend, detection.process_id,
+            detection.process_count) == ('multi_controller', i, 3)
+    assert detection.coordinator_address == 'localhost:999'

@@ -1,0 +1,77 @@
+"""main.py as users run it: bad configs exit 2 with one sentence; a resume
+into an incompatible workdir is refused; the smoke job runs."""
+
+import json
+import os
+
+import pytest
+
+from tests import helpers
+
+SMOKE = 'tunix_pw/configs/smoke.py'
+
+
+@pytest.mark.parametrize('args, expected', [
+    # Static checks, before any device work.
+    ([f'--config=missing.py'], 'no readable config file'),
+    ([f'--config={SMOKE}', '--config.stpes=3'], "did you mean 'steps'"),
+    ([f'--config={SMOKE}', '--config.steps=abc'], 'is not a valid int'),
+    ([f'--config={SMOKE}', '--config.job=foo'], "--config.job='foo' is unknown"),
+    ([f'--config={SMOKE}', '--config.model.preset=huge'],
+     "--config.model.preset='huge' is unknown"),
+    ([f'--config={SMOKE}', '--config.batch_size=30'], 'does not divide'),
+    ([f'--config={SMOKE}', '--config.meshes.actor.axes=fsdp=0'],
+     "axis 'fsdp' has size 0"),
+    ([f'--config={SMOKE}', '--config.meshes.layout=mixed'], 'layout'),
+    ([f'--config={SMOKE}:nonsense'], 'get_config failed'),
+    # Topology checks, right after the runtime starts.
+    ([f'--config={SMOKE}', '--config.meshes.actor.axes=fsdp=8'],
+     'needs 8 devices'),
+    ([f'--config={SMOKE}', '--config.meshes.rollout.devices=4:12'],
+     'the job has 8 devices'),
+    ([f'--config={SMOKE}', '--config.meshes.rollout.devices=2:6'],
+     'overlaps --config.meshes.actor.devices'),
+    ([f'--config={SMOKE}:collocated', '--config.meshes.rollout.devices=0:4'],
+     'layout is collocated'),
+])
+def test_bad_config_exits_2_with_one_sentence(tmp_path, args, expected):
+  result = helpers.run_main(*args, f'--workdir={tmp_path}')
+  assert result.returncode == 2, result.stderr
+  lines = helpers.error_lines(result.stderr)
+  assert len(lines) == 1, result.stderr
+  assert expected in lines[0]
+  assert 'Traceback' not in result.stderr
+  # Nothing half-written: a failed start leaves no snapshot behind.
+  assert not os.path.exists(tmp_path / 'config.json')
+
+
+def test_missing_workdir_exits_2():
+  result = helpers.run_main(f'--config={SMOKE}')
+  assert result.returncode == 2
+  assert '--workdir is required' in helpers.error_lines(result.stderr)[0]
+
+
+def test_smoke_runs_then_incompatible_resume_is_refused(tmp_path):
+  result = helpers.run_main(f'--config={SMOKE}', '--config.steps=3',
+                            f'--workdir={tmp_path}')
+  assert result.returncode == 0, result.stderr
+  summary = json.loads((tmp_path / 'smoke_summary.json').read_text())
+  assert summary['backend'] == 'local' and summary['devices'] == 8
+  assert len(summary['losses']) == 3
+  assert summary['losses'][-1] < summary['losses'][0]
+  snapshot = json.loads((tmp_path / 'config.json').read_text())
+  assert snapshot['steps'] == 3
+
+  # More steps into the same workdir is a compatible resume...
+  again = helpers.run_main(f'--config={SMOKE}', '--config.steps=4',
+                           f'--workdir={tmp_path}')
+  assert again.returncode == 0, again.stderr
+  # ...a different mesh shape or model is not.
+  for override, field in [('--config.meshes.actor.axes=fsdp=2,tp=2',
+                           'meshes.actor.axes'),
+                          ('--config.model.preset=wide', 'model.preset')]:
+    refused = helpers.run_main(f'--config={SMOKE}', override,
+                               f'--workdir={tmp_path}')
+    assert refused.returncode == 2
+    [line] = helpers.error_lines(refused.stderr)
+    assert f'--config.{field}=' in line and 'snapshot' in line
