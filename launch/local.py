@@ -25,7 +25,8 @@ import time
 
 PREEMPTED = 42
 STOP_GRACE_SECONDS = 10.0
-# After one process exits 42, how long the others get to reach the same stop.
+# After a stop is asked for (SIGTERM, or one process exiting 42), how long
+# the processes get to checkpoint and exit before they are killed.
 PREEMPT_WAIT_SECONDS = 120.0
 
 
@@ -79,7 +80,10 @@ def launch(num_processes: int, job_args: list[str]) -> int:
   for t in streams:
     t.start()
 
+  stopping_since = []  # when a SIGTERM/SIGINT or an exit 42 asked for a stop
+
   def forward(signum, _):
+    stopping_since.append(time.monotonic())
     for p in procs:
       if p.poll() is None:
         p.send_signal(signal.SIGTERM if signum == signal.SIGINT else signum)
@@ -87,23 +91,25 @@ def launch(num_processes: int, job_args: list[str]) -> int:
   signal.signal(signal.SIGTERM, forward)
   signal.signal(signal.SIGINT, forward)
 
-  code, preempted_at = 0, None
+  code = 0
   while any(p.poll() is None for p in procs):
     failed = [p for p in procs if p.poll() not in (None, 0, PREEMPTED)]
-    if preempted_at is None and any(p.poll() == PREEMPTED for p in procs):
-      preempted_at = time.monotonic()
-    late = (preempted_at is not None and
-            time.monotonic() - preempted_at > PREEMPT_WAIT_SECONDS)
+    if not stopping_since and any(p.poll() == PREEMPTED for p in procs):
+      stopping_since.append(time.monotonic())
+    late = (stopping_since and
+            time.monotonic() - stopping_since[0] > PREEMPT_WAIT_SECONDS)
     if failed or late:
       code = _exit_code(failed[0].returncode) if failed else PREEMPTED
-      culprit = procs.index(failed[0]) if failed else 'a peer'
-      print(f'[launch] process {culprit} exited with {code}; stopping the '
-            'others', flush=True)
+      culprit = (f'process {procs.index(failed[0])} exited with {code}'
+                 if failed else 'the processes did not stop in time')
+      print(f'[launch] {culprit}; stopping the others', flush=True)
       _stop(procs)
       break
     time.sleep(0.1)
   for t in streams:
     t.join()
+  print(f'[launch] exit codes: {[_exit_code(p.returncode) for p in procs]}',
+        flush=True)
   return code or next((_exit_code(p.returncode) for p in procs
                        if p.returncode), 0)
 

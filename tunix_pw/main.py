@@ -28,6 +28,7 @@ from ml_collections import config_flags
 from tunix_pw import jobs
 from tunix_pw.errors import UsageError
 from tunix_pw.runtime import backend, meshes
+from tunix_pw.runtime.preemption import EXIT_PREEMPTED, Preempted, Preemption
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file and optional arg: path.py[:arg].',
@@ -190,14 +191,19 @@ def main(argv: Sequence[str]) -> None:
     detection = backend.detect(os.environ, _COORDINATOR.value,
                                _NUM_PROCESSES.value, _PROCESS_ID.value)
     runtime = backend.start(detection, config.runtime.host_device_count)
+    preemption = Preemption(runtime)  # SIGTERM from here on means: stop agreed
     role_meshes = meshes.build(config.meshes, runtime.devices)
     logging.info('%s; meshes: %s', runtime.describe(), role_meshes.describe())
     if runtime.is_coordinator:
       workdir.mkdir(parents=True, exist_ok=True)
       (workdir / SNAPSHOT).write_text(config.to_json_best_effort(indent=2))
-    job.run(config, runtime, role_meshes, str(workdir))
+    job.run(config, runtime, role_meshes, str(workdir), preemption)
   except UsageError as e:
     _fail(str(e))
+  except Preempted as e:
+    logging.warning('%s; exiting with %d so that the job is restarted', e,
+                    EXIT_PREEMPTED)
+    sys.exit(EXIT_PREEMPTED)
 
 
 def run() -> None:

@@ -17,11 +17,15 @@ def runtime(host_device_count: int = 0) -> ml_collections.ConfigDict:
   host_device_count: virtual CPU devices for the whole job when JAX runs on
     CPU (split evenly over processes); 0 leaves JAX's default. Ignored on TPU.
   compilation_cache_dir: persistent XLA compilation cache ('' disables it).
+  max_inflight: dispatched steps (and transfer groups) in flight at most.
+  reshard_group_mib: bytes a weight transfer stages at once, in MiB.
   """
   return ml_collections.ConfigDict(dict(
       host_device_count=host_device_count,
       compilation_cache_dir=os.path.join(
           os.path.expanduser('~'), '.cache', 'tunix_pw', 'xla'),
+      max_inflight=2,
+      reshard_group_mib=256,
   ))
 
 

@@ -55,11 +55,6 @@ class Runtime:
             f'{self.process_index} of {self.process_count}, '
             f'{len(self.devices)} {self.devices[0].platform} devices')
 
-  @property
-  def local_devices(self) -> tuple[Any, ...]:
-    return tuple(
-        d for d in self.devices if d.process_index == self.process_index)
-
 
 def _int_var(env: Mapping[str, str], name: str) -> int:
   value = env.get(name)
