@@ -1,0 +1,1 @@
+"""Decoders (Flax NNX), presets, checkpoint loaders and tokenizers."""

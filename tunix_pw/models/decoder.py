@@ -1,0 +1,224 @@
+"""The decoder: embeddings, scan-stacked layer groups, final norm, logits.
+
+Layers are grouped by their repeating attention pattern (config.groups):
+Llama/Qwen/Gemma 1 scan single layers, Gemma 2 blocks of (local, global),
+Gemma 3 blocks of 5 local + 1 global plus a block of the remainder. Each
+pattern position's parameters are stacked over the group's repeats, and one
+jax.lax.scan runs the group (or a Python loop when scan is off).
+
+One call serves training (no cache: the sequence attends to itself, with
+segment ids for packed sequences) and sampling (a KV cache: this call's keys
+and values are written at `cache_slot`, then the queries attend to the
+cache). Masks come from slots (causality), segment ids (padding, packing)
+and positions (sliding windows), so left-padded rows are exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+from tunix_pw.models import layers
+from tunix_pw.models.config import GLOBAL, LOCAL, ModelConfig
+from tunix_pw.models.layers import Sharder
+
+REMAT_POLICIES = {
+    'none': None,
+    'full': jax.checkpoint_policies.nothing_saveable,
+    'dots': jax.checkpoint_policies.checkpoint_dots,
+    'dots_no_batch': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+@flax.struct.dataclass
+class Cache:
+  """Keys/values per group and pattern position ([repeats, B, S, K, H]), and
+  per slot the token position and segment (0: empty or padding)."""
+
+  k: tuple[tuple[jax.Array, ...], ...]
+  v: tuple[tuple[jax.Array, ...], ...]
+  positions: jax.Array  # [B, S]
+  segments: jax.Array  # [B, S]
+
+  @classmethod
+  def empty(cls, cfg: ModelConfig, batch: int, size: int,
+            dtype=jnp.float32) -> 'Cache':
+    def kv():
+      return tuple(
+          tuple(jnp.zeros((repeats, batch, size, cfg.num_kv_heads,
+                           cfg.head_dim), dtype) for _ in pattern)
+          for pattern, repeats in cfg.groups)
+    return cls(kv(), kv(), jnp.zeros((batch, size), jnp.int32),
+               jnp.zeros((batch, size), jnp.int32))
+
+  @property
+  def size(self) -> int:
+    return self.positions.shape[1]
+
+
+def attention_masks(cfg: ModelConfig, q_positions, q_segments, q_slots,
+                    kv_positions, kv_segments, kv_slots) -> dict[str, Any]:
+  """[B, T, S] masks per attention type (True = attend)."""
+  same = ((q_segments[:, :, None] == kv_segments[:, None, :]) &
+          (kv_segments[:, None, :] > 0))
+  masks = {GLOBAL: same & (kv_slots[:, None, :] <= q_slots[:, :, None])}
+  if LOCAL in cfg.layer_types:
+    distance = q_positions[:, :, None] - kv_positions[:, None, :]
+    masks[LOCAL] = masks[GLOBAL] & (distance < cfg.sliding_window)
+  return masks
+
+
+class Layer(nnx.Module):
+  """One decoder layer (pre-norms; Gemma 2/3 add post-norms)."""
+
+  def __init__(self, cfg: ModelConfig, layer_type: str, *, stack: int,
+               dtype, rngs: nnx.Rngs):
+    self.layer_type = layer_type
+    self.rope = cfg.rope(layer_type)
+    d = cfg.embed_dim
+    norm = lambda: layers.RMSNorm(d, cfg, stack=stack, dtype=dtype, rngs=rngs)
+    self.pre_attn_norm = norm()
+    self.attn = layers.Attention(cfg, stack=stack, dtype=dtype, rngs=rngs)
+    self.pre_mlp_norm = norm()
+    self.mlp = layers.MLP(cfg, stack=stack, dtype=dtype, rngs=rngs)
+    self.post_norms = cfg.post_norms
+    if cfg.post_norms:
+      self.post_attn_norm = norm()
+      self.post_mlp_norm = norm()
+
+  def __call__(self, x, positions, masks, kv_cache, slot, shard: Sharder):
+    h = self.pre_attn_norm(x)
+    k, v = self.attn.project_kv(h, positions, self.rope)
+    if kv_cache is not None:  # write this step's keys/values, attend to all
+      k = jax.lax.dynamic_update_slice_in_dim(kv_cache[0], k, slot, axis=1)
+      v = jax.lax.dynamic_update_slice_in_dim(kv_cache[1], v, slot, axis=1)
+    a = self.attn(h, positions, self.rope, masks[self.layer_type], (k, v),
+                  shard)
+    if self.post_norms:
+      a = self.post_attn_norm(a)
+    x = shard(x + a, 'batch', None, None)
+    m = self.mlp(self.pre_mlp_norm(x), shard)
+    if self.post_norms:
+      m = self.post_mlp_norm(m)
+    return shard(x + m, 'batch', None, None), (k, v)
+
+
+class Decoder(nnx.Module):
+  """A decoder-only LM of any supported family."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs,
+               param_dtype=jnp.float32, dtype=jnp.float32, scan: bool = True,
+               remat: str = 'none'):
+    if remat not in REMAT_POLICIES:
+      raise ValueError(f'unknown remat policy {remat!r}; use one of '
+                       f'{", ".join(REMAT_POLICIES)}')
+    self.cfg, self.dtype, self.scan, self.remat = cfg, dtype, scan, remat
+    d, v = cfg.embed_dim, cfg.vocab_size
+    self.embedding = layers.param(rngs, (v, d), ('vocab', 'embed'), 0,
+                                  param_dtype, fan_in=d)
+    self.groups = nnx.List([
+        nnx.List([Layer(cfg, t, stack=repeats, dtype=param_dtype, rngs=rngs)
+                  for t in pattern])
+        for pattern, repeats in cfg.groups])
+    self.final_norm = layers.RMSNorm(d, cfg, stack=0, dtype=param_dtype,
+                                     rngs=rngs)
+    if not cfg.tie_embeddings:
+      self.lm_head = layers.param(rngs, (d, v), ('embed', 'vocab'), 0,
+                                  param_dtype, fan_in=d)
+
+  def __call__(self, tokens: jax.Array, positions: jax.Array,
+               segment_ids: jax.Array, cache: Cache | None = None,
+               cache_slot: jax.Array | int = 0,
+               shard: Sharder = Sharder()) -> tuple[jax.Array, Cache | None]:
+    """tokens, positions, segment_ids: [B, T] (segment 0 = padding).
+
+    Returns float32 logits [B, T, V] and the updated cache (or None)."""
+    cfg = self.cfg
+    b, t = tokens.shape
+    x = jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)
+    if cfg.embed_scale:
+      x = x * jnp.asarray(cfg.embed_dim ** 0.5, self.dtype)
+    x = shard(x, 'batch', None, None)
+
+    q_slots = jnp.broadcast_to(cache_slot + jnp.arange(t), (b, t))
+    if cache is None:
+      masks = attention_masks(cfg, positions, segment_ids, q_slots,
+                              positions, segment_ids, q_slots)
+    else:
+      cache = cache.replace(
+          positions=jax.lax.dynamic_update_slice_in_dim(
+              cache.positions, positions.astype(jnp.int32), cache_slot, 1),
+          segments=jax.lax.dynamic_update_slice_in_dim(
+              cache.segments, segment_ids.astype(jnp.int32), cache_slot, 1))
+      kv_slots = jnp.broadcast_to(jnp.arange(cache.size), (b, cache.size))
+      masks = attention_masks(cfg, positions, segment_ids, q_slots,
+                              cache.positions, cache.segments, kv_slots)
+
+    new_kv = []
+    for g, group in enumerate(self.groups):
+      group_cache = None if cache is None else (cache.k[g], cache.v[g])
+      x, kv = self._run_group(group, x, positions, masks, group_cache,
+                              cache_slot, shard)
+      new_kv.append(kv)
+
+    x = self.final_norm(x)
+    if cfg.tie_embeddings:
+      logits = jnp.einsum('BTD,VD->BTV', x,
+                          self.embedding[...].astype(self.dtype),
+                          preferred_element_type=jnp.float32)
+    else:
+      logits = jnp.einsum('BTD,DV->BTV', x, self.lm_head[...].astype(
+          self.dtype), preferred_element_type=jnp.float32)
+    if cfg.final_softcap:
+      logits = jnp.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+    logits = shard(logits, 'batch', None, 'vocab')
+    if cache is not None:
+      cache = cache.replace(k=tuple(kv[0] for kv in new_kv),
+                            v=tuple(kv[1] for kv in new_kv))
+    return logits, cache
+
+  def _run_group(self, group, x, positions, masks, group_cache, slot, shard):
+    graphdef, state = nnx.split(group)
+    dtype = self.dtype
+
+    def body(x, xs):
+      layer_state, kv = xs
+      layer_state = jax.tree.map(lambda p: p.astype(dtype), layer_state)
+      out_k, out_v = [], []
+      for i, layer in enumerate(nnx.merge(graphdef, layer_state)):
+        x, (k, v) = layer(x, positions, masks,
+                          None if kv is None else (kv[0][i], kv[1][i]),
+                          slot, shard)
+        out_k.append(k)
+        out_v.append(v)
+      # Without a cache the keys/values are not kept: no [layers, ...] ys.
+      return x, None if kv is None else (tuple(out_k), tuple(out_v))
+
+    policy = REMAT_POLICIES[self.remat]
+    if self.remat != 'none':
+      body = jax.checkpoint(body, policy=policy, prevent_cse=not self.scan)
+    if self.scan:
+      return jax.lax.scan(body, x, (state, group_cache))
+    repeats = jax.tree.leaves(state)[0].shape[0]
+    outs = []
+    for r in range(repeats):
+      take = lambda a: a[r]  # pylint: disable=cell-var-from-loop
+      x, out = body(x, jax.tree.map(take, (state, group_cache)))
+      outs.append(out)
+    return x, jax.tree.map(lambda *a: jnp.stack(a), *outs)
+
+
+def abstract(cfg: ModelConfig, **kwargs) -> Decoder:
+  """The decoder with shapes only: nothing allocated (for presets, counts,
+  shardings and loaders)."""
+  return nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0), **kwargs))
+
+
+def logical_axes(state: nnx.State) -> Any:
+  """The pytree of logical-axis tuples matching `state`'s parameters."""
+  return jax.tree.map(lambda v: v.get_metadata()['axes'], state,
+                      is_leaf=lambda v: isinstance(v, nnx.Variable))

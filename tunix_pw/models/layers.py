@@ -1,0 +1,169 @@
+"""Shared decoder layers: RMSNorm, RoPE, grouped-query attention, gated MLP.
+
+Parameters carry their logical axes as `axes` metadata ('embed', 'heads',
+'kv_heads', 'mlp', 'vocab'); a `stack` dimension (scan-stacked layers) comes
+first and is unnamed. Activations are constrained through `Sharder`, which
+maps logical names to the role's mesh by config rules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from tunix_pw.models.config import ModelConfig, Rope
+from tunix_pw.runtime import sharding
+
+# Large but finite, so that fully masked rows (padding) stay NaN-free.
+MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sharder:
+  """Constrains activations to logical axes on a mesh; a no-op without one."""
+
+  mesh: Mesh | None = None
+  rules: Any = None
+
+  def __call__(self, x: jax.Array, *axes: str | None) -> jax.Array:
+    if self.mesh is None:
+      return x
+    return jax.lax.with_sharding_constraint(
+        x, sharding.named(self.mesh, x.shape, axes, self.rules))
+
+
+def param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple, stack: int,
+          dtype, init: str = 'normal', fan_in: int = 1) -> nnx.Param:
+  """A parameter of `shape` (times `stack` in front, when stacked)."""
+  full = ((stack,) if stack else ()) + shape
+  if init == 'zeros':
+    value = jnp.zeros(full, dtype)
+  elif init == 'ones':
+    value = jnp.ones(full, dtype)
+  else:
+    value = (jax.random.normal(rngs.params(), full, jnp.float32) /
+             math.sqrt(fan_in)).astype(dtype)
+  return nnx.Param(value, axes=((None,) if stack else ()) + axes)
+
+
+class RMSNorm(nnx.Module):
+  """RMSNorm in float32; Gemma scales by (1 + w) with w starting at 0."""
+
+  def __init__(self, dim: int, cfg: ModelConfig, *, stack: int, dtype,
+               rngs: nnx.Rngs):
+    self.plus_one, self.eps = cfg.norm_plus_one, cfg.norm_eps
+    self.scale = param(rngs, (dim,), (None,), stack, dtype,
+                       'zeros' if self.plus_one else 'ones')
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) +
+                                 self.eps)
+    scale = self.scale[...].astype(jnp.float32)
+    return (normed * (1.0 + scale if self.plus_one else scale)).astype(x.dtype)
+
+
+def inverse_frequencies(rope: Rope, head_dim: int) -> jax.Array:
+  """[head_dim // 2] inverse frequencies, with linear or Llama-3 scaling."""
+  inv = 1.0 / rope.theta ** (jnp.arange(0, head_dim, 2, jnp.float32) /
+                             head_dim)
+  if rope.scaling == 'linear':
+    return inv / rope.factor
+  if rope.scaling == 'llama3':
+    low_wavelen = rope.original_max_position / rope.low_freq_factor
+    high_wavelen = rope.original_max_position / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = jnp.where(wavelen > low_wavelen, inv / rope.factor, inv)
+    smooth = ((rope.original_max_position / wavelen - rope.low_freq_factor) /
+              (rope.high_freq_factor - rope.low_freq_factor))
+    smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return jnp.where(medium, smoothed, scaled)
+  return inv
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, rope: Rope) -> jax.Array:
+  """Rotates [B, T, N, H] by positions [B, T] (half-split convention)."""
+  head_dim = x.shape[-1]
+  angles = positions[..., None].astype(jnp.float32) * inverse_frequencies(
+      rope, head_dim)  # [B, T, H/2]
+  sin, cos = jnp.sin(angles)[:, :, None], jnp.cos(angles)[:, :, None]
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+  """Grouped-query attention (MQA when 1 KV head) with optional QK-norm,
+  logit soft-capping and RoPE per attention type."""
+
+  def __init__(self, cfg: ModelConfig, *, stack: int, dtype, rngs: nnx.Rngs):
+    d, n, k, h = cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    self.cfg = cfg
+    self.q = param(rngs, (d, n, h), ('embed', 'heads', None), stack, dtype,
+                   fan_in=d)
+    self.k = param(rngs, (d, k, h), ('embed', 'kv_heads', None), stack, dtype,
+                   fan_in=d)
+    self.v = param(rngs, (d, k, h), ('embed', 'kv_heads', None), stack, dtype,
+                   fan_in=d)
+    self.o = param(rngs, (n, h, d), ('heads', None, 'embed'), stack, dtype,
+                   fan_in=n * h)
+    if cfg.qk_norm:
+      self.q_norm = RMSNorm(h, cfg, stack=stack, dtype=dtype, rngs=rngs)
+      self.k_norm = RMSNorm(h, cfg, stack=stack, dtype=dtype, rngs=rngs)
+
+  def project_kv(self, x: jax.Array, positions: jax.Array, rope: Rope):
+    k = jnp.einsum('BTD,DKH->BTKH', x, self.k[...])
+    v = jnp.einsum('BTD,DKH->BTKH', x, self.v[...])
+    if self.cfg.qk_norm:
+      k = self.k_norm(k)
+    return apply_rope(k, positions, rope), v
+
+  def __call__(self, x: jax.Array, positions: jax.Array, rope: Rope,
+               mask: jax.Array, kv: tuple[jax.Array, jax.Array],
+               shard: Sharder) -> jax.Array:
+    """x [B, T, D]; kv: keys/values [B, S, K, H] (this step's, or the cache
+    after this step's write); mask [B, T, S] (True = attend)."""
+    cfg = self.cfg
+    q = jnp.einsum('BTD,DNH->BTNH', x, self.q[...])
+    if cfg.qk_norm:
+      q = self.q_norm(q)
+    q = shard(apply_rope(q, positions, rope), 'batch', None, 'heads', None)
+    scale = (cfg.query_scale or cfg.head_dim) ** -0.5
+    b, t, n, h = q.shape
+    keys, values = kv
+    groups = n // keys.shape[2]
+    q = (q * scale).reshape(b, t, keys.shape[2], groups, h)
+    logits = jnp.einsum('BTKGH,BSKH->BKGTS', q, keys,
+                        preferred_element_type=jnp.float32)
+    if cfg.attn_softcap:
+      logits = jnp.tanh(logits / cfg.attn_softcap) * cfg.attn_softcap
+    logits = jnp.where(mask[:, None, None], logits, MASK_VALUE)
+    probs = jax.nn.softmax(logits, axis=-1).astype(values.dtype)
+    out = jnp.einsum('BKGTS,BSKH->BTKGH', probs, values).reshape(b, t, n, h)
+    return jnp.einsum('BTNH,NHD->BTD', out, self.o[...])
+
+
+class MLP(nnx.Module):
+  """Gated MLP: GeGLU (Gemma) or SwiGLU (Llama, Qwen)."""
+
+  def __init__(self, cfg: ModelConfig, *, stack: int, dtype, rngs: nnx.Rngs):
+    d, f = cfg.embed_dim, cfg.mlp_dim
+    self.activation = cfg.activation
+    self.gate = param(rngs, (d, f), ('embed', 'mlp'), stack, dtype, fan_in=d)
+    self.up = param(rngs, (d, f), ('embed', 'mlp'), stack, dtype, fan_in=d)
+    self.down = param(rngs, (f, d), ('mlp', 'embed'), stack, dtype, fan_in=f)
+
+  def __call__(self, x: jax.Array, shard: Sharder) -> jax.Array:
+    gate = jnp.einsum('BTD,DF->BTF', x, self.gate[...])
+    act = (jax.nn.gelu(gate, approximate=True)
+           if self.activation == 'gelu_tanh' else jax.nn.silu(gate))
+    hidden = shard(act * jnp.einsum('BTD,DF->BTF', x, self.up[...]),
+                   'batch', None, 'mlp')
+    return jnp.einsum('BTF,FD->BTD', hidden, self.down[...])
