@@ -86,6 +86,11 @@ class ModelConfig:
     return self.rope_local if layer_type == LOCAL else self.rope_global
 
   def replace(self, **changes: Any) -> 'ModelConfig':
+    """A copy with `changes`; a new layer count keeps the layer pattern."""
+    if 'num_layers' in changes and 'layer_types' not in changes:
+      pattern = self.layer_types[:self.scan_period]
+      changes['layer_types'] = tuple(pattern[i % len(pattern)]
+                                     for i in range(changes['num_layers']))
     return dataclasses.replace(self, **changes)
 
 

@@ -36,7 +36,7 @@ REMAT_POLICIES = {
 
 @flax.struct.dataclass
 class Cache:
-  """Keys/values per group and pattern position ([repeats, B, S, K, H]), and
+  """Keys/values per group and pattern position ([repeats, B, K, S, H]), and
   per slot the token position and segment (0: empty or padding)."""
 
   k: tuple[tuple[jax.Array, ...], ...]
@@ -49,7 +49,7 @@ class Cache:
             dtype=jnp.float32) -> 'Cache':
     def kv():
       return tuple(
-          tuple(jnp.zeros((repeats, batch, size, cfg.num_kv_heads,
+          tuple(jnp.zeros((repeats, batch, cfg.num_kv_heads, size,
                            cfg.head_dim), dtype) for _ in pattern)
           for pattern, repeats in cfg.groups)
     return cls(kv(), kv(), jnp.zeros((batch, size), jnp.int32),
@@ -94,10 +94,9 @@ class Layer(nnx.Module):
     h = self.pre_attn_norm(x)
     k, v = self.attn.project_kv(h, positions, self.rope)
     if kv_cache is not None:  # write this step's keys/values, attend to all
-      k = jax.lax.dynamic_update_slice_in_dim(kv_cache[0], k, slot, axis=1)
-      v = jax.lax.dynamic_update_slice_in_dim(kv_cache[1], v, slot, axis=1)
-    a = self.attn(h, positions, self.rope, masks[self.layer_type], (k, v),
-                  shard)
+      k = jax.lax.dynamic_update_slice_in_dim(kv_cache[0], k, slot, axis=2)
+      v = jax.lax.dynamic_update_slice_in_dim(kv_cache[1], v, slot, axis=2)
+    a = self.attn(h, positions, self.rope, masks[self.layer_type], (k, v))
     if self.post_norms:
       a = self.post_attn_norm(a)
     x = shard(x + a, 'batch', None, None)
@@ -166,13 +165,15 @@ class Decoder(nnx.Module):
       new_kv.append(kv)
 
     x = self.final_norm(x)
+    x2 = x.reshape(b * t, cfg.embed_dim)
     if cfg.tie_embeddings:
-      logits = jnp.einsum('BTD,VD->BTV', x,
+      logits = jnp.einsum('ND,VD->NV', x2,
                           self.embedding[...].astype(self.dtype),
                           preferred_element_type=jnp.float32)
     else:
-      logits = jnp.einsum('BTD,DV->BTV', x, self.lm_head[...].astype(
+      logits = jnp.einsum('ND,DV->NV', x2, self.lm_head[...].astype(
           self.dtype), preferred_element_type=jnp.float32)
+    logits = logits.reshape(b, t, cfg.vocab_size)
     if cfg.final_softcap:
       logits = jnp.tanh(logits / cfg.final_softcap) * cfg.final_softcap
     logits = shard(logits, 'batch', None, 'vocab')

@@ -1,15 +1,16 @@
 """Hugging Face checkpoints: config.json + safetensors (single or sharded).
 
-`load` builds each parameter straight into its target sharding: every device
-shard is sliced out of memory-mapped tensors (through views), so the host
-never holds the model whole. `save` writes the same layout back, so any
-checkpoint we train can be read by transformers.
+`sources` maps each of our parameters to memory-mapped views of its tensors
+in our layout (transposes stay views), so a loader slices out exactly what a
+device needs and the host never holds the model whole. `save` writes the same
+layout back, so any checkpoint we train can be read by transformers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 import dataclasses
+import functools
 import json
 import os
 from typing import Any
@@ -131,29 +132,23 @@ def _prefix(names: list[str]) -> str:
   raise UsageError('the checkpoint has no embed_tokens.weight tensor.')
 
 
-def load(directory: str, cfg: ModelConfig, abstract_state: nnx.State,
-         shardings: Any | None = None, dtype=None) -> nnx.State:
-  """Our parameters from an HF checkpoint directory, each placed straight
-  into its target sharding (default: the first device)."""
+def sources(directory: str, cfg: ModelConfig,
+            abstract_state: nnx.State) -> dict[tuple, list[Callable]]:
+  """For every parameter path: per layer (or one), a function giving the
+  tensor in our layout as a memory-mapped view. Checks every tensor's shape
+  and dtype, and that the checkpoint holds nothing unexpected."""
   store = safetensors_io.SafetensorsDir(directory)
   names = store.names()
   prefix = _prefix(names)
-  used = set()
-  targets = dict(shardings.flat_state()) if shardings is not None else {}
-  out = []
-  for path, var in abstract_state.flat_state():
-    sources = tensors_for(cfg, path, prefix)
+  used, out = set(), {}
+  for path, _ in abstract_state.flat_state():
+    tensors = tensors_for(cfg, path, prefix)
     if path == ('lm_head',):
-      sources = [dataclasses.replace(sources[0], name=_lm_head_name(names))]
-    for t in sources:
+      tensors = [dataclasses.replace(tensors[0], name=_lm_head_name(names))]
+    for t in tensors:
       _check(store, t)
       used.add(t.name)
-    value = var.get_value()
-    target = (targets[path].get_value() if path in targets else
-              jax.sharding.SingleDeviceSharding(jax.devices()[0]))
-    out.append((path, var.replace(_place(
-        store, sources, value.shape, dtype or value.dtype, target,
-        stacked=path[0] == 'groups'))))
+    out[path] = [functools.partial(_view, store, t) for t in tensors]
   extra = [n for n in names if n not in used and not any(
       i in n for i in _IGNORED) and not (cfg.tie_embeddings and
                                          n.endswith('lm_head.weight'))]
@@ -161,7 +156,11 @@ def load(directory: str, cfg: ModelConfig, abstract_state: nnx.State,
     raise UsageError(f'unexpected tensor {extra[0]!r} in '
                      f'{store.file_of(extra[0])} for a {cfg.family} model '
                      f'of {cfg.num_layers} layers ({len(extra)} unexpected).')
-  return nnx.State.from_flat_path(out)
+  return out
+
+
+def _view(store: safetensors_io.SafetensorsDir, t: Tensor) -> np.ndarray:
+  return t.to_ours(store.get(t.name))
 
 
 def _lm_head_name(names: list[str]) -> str:
@@ -175,25 +174,9 @@ def _check(store: safetensors_io.SafetensorsDir, t: Tensor) -> None:
     raise UsageError(f'tensor {t.name!r} in {store.file_of(t.name)} has shape '
                      f'{tuple(array.shape)}, expected {t.shape} from the '
                      'model config.')
-  if not np.issubdtype(array.dtype, np.floating) and array.dtype.name != (
-      'bfloat16'):
+  if array.dtype.kind != 'f' and array.dtype.name != 'bfloat16':
     raise UsageError(f'tensor {t.name!r} in {store.file_of(t.name)} has dtype '
                      f'{array.dtype}, expected a floating point type.')
-
-
-def _place(store, sources: list[Tensor], shape, dtype, target,
-           stacked: bool) -> jax.Array:
-  """One parameter built shard by shard from memory-mapped tensors."""
-
-  def shard(index: tuple[slice, ...]) -> np.ndarray:
-    if not stacked:
-      view = sources[0].to_ours(store.get(sources[0].name))
-      return np.asarray(view[index], dtype=dtype)
-    layers = sources[index[0]]
-    return np.stack([np.asarray(t.to_ours(store.get(t.name))[index[1:]],
-                                dtype=dtype) for t in layers])
-
-  return jax.make_array_from_callback(shape, target, shard, dtype=dtype)
 
 
 def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:

@@ -119,35 +119,44 @@ class Attention(nnx.Module):
       self.k_norm = RMSNorm(h, cfg, stack=stack, dtype=dtype, rngs=rngs)
 
   def project_kv(self, x: jax.Array, positions: jax.Array, rope: Rope):
-    k = jnp.einsum('BTD,DKH->BTKH', x, self.k[...])
-    v = jnp.einsum('BTD,DKH->BTKH', x, self.v[...])
-    if self.cfg.qk_norm:
+    """Keys and values [B, K, T, H] for x [B, T, D]."""
+    cfg = self.cfg
+    b, t, d = x.shape
+    x2 = x.reshape(b * t, d)  # 2-D matmuls: XLA's fastest path
+    kv_shape = (b, t, cfg.num_kv_heads, cfg.head_dim)
+    k = (x2 @ self.k[...].reshape(d, -1)).reshape(kv_shape)
+    v = (x2 @ self.v[...].reshape(d, -1)).reshape(kv_shape)
+    if cfg.qk_norm:
       k = self.k_norm(k)
-    return apply_rope(k, positions, rope), v
+    k = apply_rope(k, positions, rope)
+    return k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
   def __call__(self, x: jax.Array, positions: jax.Array, rope: Rope,
-               mask: jax.Array, kv: tuple[jax.Array, jax.Array],
-               shard: Sharder) -> jax.Array:
-    """x [B, T, D]; kv: keys/values [B, S, K, H] (this step's, or the cache
+               mask: jax.Array, kv: tuple[jax.Array, jax.Array]) -> jax.Array:
+    """x [B, T, D]; kv: keys/values [B, K, S, H] (this step's, or the cache
     after this step's write); mask [B, T, S] (True = attend)."""
     cfg = self.cfg
-    q = jnp.einsum('BTD,DNH->BTNH', x, self.q[...])
+    b, t, d = x.shape
+    keys, values = kv
+    k, n, h = cfg.num_kv_heads, cfg.num_heads, cfg.head_dim
+    g, s = n // k, keys.shape[2]
+    q = (x.reshape(b * t, d) @ self.q[...].reshape(d, -1)).reshape(b, t, n, h)
     if cfg.qk_norm:
       q = self.q_norm(q)
-    q = shard(apply_rope(q, positions, rope), 'batch', None, 'heads', None)
-    scale = (cfg.query_scale or cfg.head_dim) ** -0.5
-    b, t, n, h = q.shape
-    keys, values = kv
-    groups = n // keys.shape[2]
-    q = (q * scale).reshape(b, t, keys.shape[2], groups, h)
-    logits = jnp.einsum('BTKGH,BSKH->BKGTS', q, keys,
+    q = apply_rope(q, positions, rope) * (cfg.query_scale or h) ** -0.5
+    # Queries of a KV head side by side: [B, K, G*T, H], one batched matmul.
+    q = q.reshape(b, t, k, g, h).transpose(0, 2, 3, 1, 4).reshape(b, k, g * t, h)
+    logits = jnp.einsum('BKQH,BKSH->BKQS', q, keys,
                         preferred_element_type=jnp.float32)
     if cfg.attn_softcap:
       logits = jnp.tanh(logits / cfg.attn_softcap) * cfg.attn_softcap
-    logits = jnp.where(mask[:, None, None], logits, MASK_VALUE)
+    logits = jnp.where(mask[:, None, None], logits.reshape(b, k, g, t, s),
+                       MASK_VALUE)
     probs = jax.nn.softmax(logits, axis=-1).astype(values.dtype)
-    out = jnp.einsum('BKGTS,BSKH->BTKGH', probs, values).reshape(b, t, n, h)
-    return jnp.einsum('BTNH,NHD->BTD', out, self.o[...])
+    out = jnp.einsum('BKQS,BKSH->BKQH', probs.reshape(b, k, g * t, s), values)
+    out = out.reshape(b, k, g, t, h).transpose(0, 3, 1, 2, 4)
+    return (out.reshape(b * t, n * h) @ self.o[...].reshape(n * h, d)).reshape(
+        b, t, d)
 
 
 class MLP(nnx.Module):
@@ -161,9 +170,10 @@ class MLP(nnx.Module):
     self.down = param(rngs, (f, d), ('mlp', 'embed'), stack, dtype, fan_in=f)
 
   def __call__(self, x: jax.Array, shard: Sharder) -> jax.Array:
-    gate = jnp.einsum('BTD,DF->BTF', x, self.gate[...])
+    b, t, d = x.shape
+    x2 = x.reshape(b * t, d)
+    gate = x2 @ self.gate[...]
     act = (jax.nn.gelu(gate, approximate=True)
            if self.activation == 'gelu_tanh' else jax.nn.silu(gate))
-    hidden = shard(act * jnp.einsum('BTD,DF->BTF', x, self.up[...]),
-                   'batch', None, 'mlp')
-    return jnp.einsum('BTF,FD->BTD', hidden, self.down[...])
+    hidden = shard(act * (x2 @ self.up[...]), 'batch', 'mlp')
+    return (hidden @ self.down[...]).reshape(b, t, d)

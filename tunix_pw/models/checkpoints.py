@@ -1,0 +1,107 @@
+"""A model from any checkpoint directory (or a fresh init), placed straight
+into its shardings on a role's mesh.
+
+Formats: Hugging Face (config.json + safetensors), Kaggle Gemma (Orbax
+params tree; the preset names the architecture). Every parameter is built
+shard by shard from host views of its tensors, so no device ever holds an
+unsharded weight and the host never holds the model twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+import os
+from typing import Any
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, SingleDeviceSharding
+import numpy as np
+
+from tunix_pw.errors import UsageError
+from tunix_pw.models import decoder, hf, kaggle
+from tunix_pw.models.config import ModelConfig
+from tunix_pw.runtime import sharding
+
+HF, KAGGLE = 'hf', 'kaggle'
+
+
+def param_shardings(state: nnx.State, mesh: Mesh, rules: Any) -> nnx.State:
+  """NamedShardings for (abstract) parameters, from their logical axes."""
+  return jax.tree.map(
+      lambda v: v.replace(sharding.named(
+          mesh, v.get_value().shape, v.get_metadata()['axes'], rules)),
+      state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def detect(directory: str) -> str:
+  if not os.path.isdir(directory):
+    raise UsageError(f'checkpoint directory {directory} does not exist.')
+  if os.path.exists(os.path.join(directory, hf.CONFIG)):
+    return HF
+  if kaggle.is_kaggle(directory):
+    return KAGGLE
+  raise UsageError(f'{directory} is neither a Hugging Face checkpoint '
+                   '(config.json + safetensors) nor a Kaggle/Orbax one.')
+
+
+def place(views: Sequence[Callable[[], np.ndarray]], shape, dtype, target,
+          stacked: bool, name: str) -> jax.Array:
+  """One parameter, shard by shard: each device's index is sliced out of the
+  host views (one per stacked layer, or one)."""
+  expected = tuple(shape[1:]) if stacked else tuple(shape)
+  for view in views[:1]:
+    if tuple(view().shape) != expected:
+      raise UsageError(f'checkpoint tensor for {name} has shape '
+                       f'{tuple(view().shape)}, expected {expected}.')
+
+  def shard(index: tuple[slice, ...]) -> np.ndarray:
+    if not stacked:
+      return np.asarray(views[0]()[index], dtype=dtype)
+    return np.stack([np.asarray(view()[index[1:]], dtype=dtype)
+                     for view in views[index[0]]])
+
+  return jax.make_array_from_callback(tuple(shape), target, shard, dtype=dtype)
+
+
+def load(directory: str, cfg: ModelConfig | None = None, *,
+         mesh: Mesh | None = None, rules: Any = None,
+         param_dtype=jnp.float32, **model_kwargs) -> tuple[decoder.Decoder,
+                                                           ModelConfig]:
+  """The model in `directory`, on `mesh` (or the first device).
+
+  `cfg` is required for Kaggle checkpoints (they ship no config) and checked
+  against the checkpoint's shapes; Hugging Face ones bring their own."""
+  kind = detect(directory)
+  if kind == HF:
+    cfg = hf.read_config(directory)
+  elif cfg is None:
+    raise UsageError(f'{directory} is a Kaggle checkpoint, which names no '
+                     'architecture: give the model preset too.')
+  model = decoder.abstract(cfg, param_dtype=param_dtype, **model_kwargs)
+  graphdef, state = nnx.split(model)
+  views = (hf.sources if kind == HF else kaggle.sources)(directory, cfg, state)
+  targets = dict(param_shardings(state, mesh, rules).flat_state()) if mesh \
+      else {}
+  placed = []
+  for path, var in state.flat_state():
+    target = (targets[path].get_value() if path in targets
+              else SingleDeviceSharding(jax.devices()[0]))
+    value = var.get_value()
+    placed.append((path, var.replace(place(
+        views[path], value.shape, value.dtype, target,
+        stacked=path[0] == 'groups', name='/'.join(map(str, path))))))
+  return nnx.merge(graphdef, nnx.State.from_flat_path(placed)), cfg
+
+
+def init(cfg: ModelConfig, seed: int = 0, *, mesh: Mesh | None = None,
+         rules: Any = None, **model_kwargs) -> decoder.Decoder:
+  """A randomly initialised model, created directly in its shardings."""
+  graphdef, state = nnx.split(decoder.abstract(cfg, **model_kwargs))
+  out = None
+  if mesh is not None:
+    out = param_shardings(state, mesh, rules)
+  make = jax.jit(lambda: nnx.split(decoder.Decoder(
+      cfg, rngs=nnx.Rngs(seed), **model_kwargs))[1], out_shardings=out)
+  return nnx.merge(graphdef, make())

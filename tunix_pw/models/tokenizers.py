@@ -1,0 +1,191 @@
+"""Tokenizers behind one small interface, and chat templates.
+
+- `CharTokenizer`: built in, needs no files (the demo and every `:runlocal`
+  config); ids are ASCII codes, 0/1/2 are pad/bos/eos.
+- `SentencePieceTokenizer`: Gemma's `tokenizer.model`.
+- `HFTokenizer`: a Hugging Face `tokenizer.json` with its
+  `tokenizer_config.json` (special tokens, and the Jinja chat template that
+  Llama 3 and Qwen 3 checkpoints declare).
+
+`load(directory)` picks the one a checkpoint directory holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+import json
+import os
+from typing import Protocol
+
+from tunix_pw.errors import UsageError
+
+Message = dict[str, str]  # {'role': 'user' | 'model' | 'assistant' | ..., 'content': ...}
+
+GEMMA_TURN = '<start_of_turn>{role}\n{content}<end_of_turn>\n'
+GEMMA_GENERATION = '<start_of_turn>model\n'
+
+
+class Tokenizer(Protocol):
+  vocab_size: int
+  pad_id: int
+  bos_id: int | None
+  eos_id: int
+  stop_ids: tuple[int, ...]  # ids that end a generated turn
+
+  def encode(self, text: str, add_bos: bool = False) -> list[int]: ...
+
+  def decode(self, ids: Sequence[int]) -> str: ...
+
+  def chat(self, messages: Sequence[Message],
+           add_generation_prompt: bool = True) -> str: ...
+
+
+def gemma_chat(messages: Sequence[Message],
+               add_generation_prompt: bool = True) -> str:
+  """Gemma's turn format; a system message is folded into the first user
+  turn, as Gemma has no system role."""
+  turns, system = [], ''
+  for m in messages:
+    if m['role'] == 'system':
+      system = m['content'] + '\n\n'
+      continue
+    role = 'model' if m['role'] in ('model', 'assistant') else 'user'
+    content = (system + m['content']) if role == 'user' else m['content']
+    system = '' if role == 'user' else system
+    turns.append(GEMMA_TURN.format(role=role, content=content))
+  return ''.join(turns) + (GEMMA_GENERATION if add_generation_prompt else '')
+
+
+class CharTokenizer:
+  """ASCII characters as ids (4..127); 0 pad, 1 bos, 2 eos, 3 unknown."""
+
+  vocab_size = 128
+  pad_id, bos_id, eos_id, unk_id = 0, 1, 2, 3
+  stop_ids = (2,)
+
+  def encode(self, text: str, add_bos: bool = False) -> list[int]:
+    ids = [ord(c) if 4 <= ord(c) < 128 else self.unk_id for c in text]
+    return [self.bos_id] + ids if add_bos else ids
+
+  def decode(self, ids: Sequence[int]) -> str:
+    return ''.join(chr(i) for i in ids if i >= 4)
+
+  def chat(self, messages: Sequence[Message],
+           add_generation_prompt: bool = True) -> str:
+    text = ''.join(f'{m["role"]}: {m["content"]}\n' for m in messages)
+    return text + ('model: ' if add_generation_prompt else '')
+
+
+class SentencePieceTokenizer:
+  """A SentencePiece model (Gemma's tokenizer.model), Gemma chat format."""
+
+  def __init__(self, model_file: str):
+    import sentencepiece  # pylint: disable=g-import-not-at-top
+    self.sp = sentencepiece.SentencePieceProcessor()
+    try:
+      self.sp.Load(model_file)
+    except (OSError, RuntimeError) as e:
+      raise UsageError(f'{model_file} is not a readable SentencePiece '
+                       f'model ({e}).') from None
+    self.vocab_size = self.sp.GetPieceSize()
+    self.bos_id = self.sp.bos_id() if self.sp.bos_id() >= 0 else None
+    self.eos_id = self.sp.eos_id()
+    self.pad_id = max(self.sp.pad_id(), 0)
+    end_of_turn = self.sp.PieceToId('<end_of_turn>')
+    self.stop_ids = tuple(sorted({self.eos_id} | (
+        {end_of_turn} if end_of_turn != self.sp.unk_id() else set())))
+
+  def encode(self, text: str, add_bos: bool = False) -> list[int]:
+    ids = self.sp.EncodeAsIds(text)
+    return [self.bos_id] + ids if add_bos and self.bos_id is not None else ids
+
+  def decode(self, ids: Sequence[int]) -> str:
+    return self.sp.DecodeIds([int(i) for i in ids])
+
+  def chat(self, messages: Sequence[Message],
+           add_generation_prompt: bool = True) -> str:
+    return gemma_chat(messages, add_generation_prompt)
+
+
+def _token_text(value) -> str | None:
+  return value.get('content') if isinstance(value, dict) else value
+
+
+class HFTokenizer:
+  """tokenizer.json + tokenizer_config.json (specials, chat template)."""
+
+  def __init__(self, directory: str):
+    import tokenizers  # pylint: disable=g-import-not-at-top
+    path = os.path.join(directory, 'tokenizer.json')
+    try:
+      self.tok = tokenizers.Tokenizer.from_file(path)
+    except Exception as e:  # the Rust library raises its own exception types
+      raise UsageError(f'{path} is not a readable tokenizer.json '
+                       f'({e}).') from None
+    config_path = os.path.join(directory, 'tokenizer_config.json')
+    self.config = {}
+    if os.path.exists(config_path):
+      with open(config_path) as f:
+        self.config = json.load(f)
+    self.vocab_size = self.tok.get_vocab_size()
+
+    def special(name):
+      text = _token_text(self.config.get(name))
+      return None if text is None else self.tok.token_to_id(text)
+
+    self.bos_id = special('bos_token')
+    self.eos_id = special('eos_token')
+    if self.eos_id is None:
+      raise UsageError(f'{config_path} names no eos_token that '
+                       f'{path} knows.')
+    self.pad_id = special('pad_token')
+    self.pad_id = self.eos_id if self.pad_id is None else self.pad_id
+    stops = {self.eos_id}
+    for text in ('<end_of_turn>', '<|eot_id|>', '<|im_end|>'):
+      if (i := self.tok.token_to_id(text)) is not None:
+        stops.add(i)
+    self.stop_ids = tuple(sorted(stops))
+    self.template = self.config.get('chat_template')
+
+  def encode(self, text: str, add_bos: bool = False) -> list[int]:
+    ids = self.tok.encode(text, add_special_tokens=False).ids
+    return [self.bos_id] + ids if add_bos and self.bos_id is not None else ids
+
+  def decode(self, ids: Sequence[int]) -> str:
+    return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+  def chat(self, messages: Sequence[Message],
+           add_generation_prompt: bool = True) -> str:
+    if not self.template:
+      return gemma_chat(messages, add_generation_prompt)
+    import jinja2  # pylint: disable=g-import-not-at-top
+    from jinja2 import sandbox  # pylint: disable=g-import-not-at-top
+
+    def raise_exception(message):
+      raise UsageError(f'chat template: {message}')
+
+    env = sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True,
+        extensions=[jinja2.ext.loopcontrols])
+    env.globals['raise_exception'] = raise_exception
+    text = env.from_string(self.template).render(
+        messages=list(messages), add_generation_prompt=add_generation_prompt,
+        bos_token=_token_text(self.config.get('bos_token')) or '',
+        eos_token=_token_text(self.config.get('eos_token')) or '')
+    # The template writes the bos token itself; encode() adds none.
+    return text
+
+
+def load(directory: str | None) -> Tokenizer:
+  """The tokenizer a checkpoint directory holds; the built-in character
+  tokenizer when `directory` is empty or 'char'."""
+  if not directory or directory == 'char':
+    return CharTokenizer()
+  if os.path.exists(os.path.join(directory, 'tokenizer.json')):
+    return HFTokenizer(directory)
+  model = os.path.join(directory, 'tokenizer.model')
+  if os.path.exists(model):
+    return SentencePieceTokenizer(model)
+  if os.path.isfile(directory) and directory.endswith('.model'):
+    return SentencePieceTokenizer(directory)
+  raise UsageError(f'{directory} holds no tokenizer.json or tokenizer.model.')
