@@ -92,7 +92,7 @@ def load(directory: str, cfg: ModelConfig | None = None, *,
     placed.append((path, var.replace(place(
         views[path], value.shape, value.dtype, target,
         stacked=path[0] == 'groups', name='/'.join(map(str, path))))))
-  return nnx.merge(graphdef, nnx.State.from_flat_path(placed)), cfg
+  return nnx.merge(graphdef, nnx.from_flat_state(placed)), cfg
 
 
 def init(cfg: ModelConfig, seed: int = 0, *, mesh: Mesh | None = None,

@@ -48,7 +48,7 @@ class ModelConfig:
   qk_norm: bool = False  # Gemma 3, Qwen 3
   embed_scale: bool = True  # Gemma: embeddings times sqrt(embed_dim)
   tie_embeddings: bool = True
-  query_scale: float = 0.0  # 0: head_dim ** -0.5; else this ** -0.5
+  query_scale: int = 0  # 0: head_dim ** -0.5; else this ** -0.5
   attn_softcap: float = 0.0  # 0: off
   final_softcap: float = 0.0
   sliding_window: int = 0
@@ -173,8 +173,8 @@ def from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
       qk_norm=family in ('gemma3', 'qwen3'),
       embed_scale=gemma,
       tie_embeddings=cfg.get('tie_word_embeddings', gemma),
-      query_scale=float(cfg.get('query_pre_attn_scalar') or 0.0)
-      if family in ('gemma2', 'gemma3') else 0.0,
+      query_scale=int(cfg.get('query_pre_attn_scalar') or 0)
+      if family in ('gemma2', 'gemma3') else 0,
       attn_softcap=float(cfg.get('attn_logit_softcapping') or 0.0),
       final_softcap=float(cfg.get('final_logit_softcapping') or 0.0),
       sliding_window=int(cfg.get('sliding_window') or 0)

@@ -130,7 +130,7 @@ def sources(directory: str, cfg: ModelConfig,
     used_layers.update(layers)
     out[path] = [functools.partial(_checked, _layer_views(cfg, arrays, i),
                                    tuple(tail), var.get_value().shape[1:],
-                                   f'layer_{i}') for i in layers]
+                                   f'layer_{i}', directory) for i in layers]
   extra = [k for k in arrays if k.startswith('layer_') and
            int(k.split('/')[0].removeprefix('layer_')) not in used_layers]
   if extra:
@@ -140,10 +140,10 @@ def sources(directory: str, cfg: ModelConfig,
   return out
 
 
-def _checked(views, tail, shape, where) -> np.ndarray:
+def _checked(views, tail, shape, layer, directory) -> np.ndarray:
   value = views[tail]()
   if tuple(value.shape) != tuple(shape):
-    raise UsageError(f'Kaggle tensor for {where}/{"/".join(tail)} has shape '
-                     f'{tuple(value.shape)} in our layout, expected '
-                     f'{tuple(shape)} from the preset.')
+    raise UsageError(f'the Kaggle checkpoint {directory} gives {layer} '
+                     f'{"/".join(tail)} the shape {tuple(value.shape)}, but '
+                     f'the preset expects {tuple(shape)}.')
   return value

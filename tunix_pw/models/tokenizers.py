@@ -4,8 +4,9 @@
   config); ids are ASCII codes, 0/1/2 are pad/bos/eos.
 - `SentencePieceTokenizer`: Gemma's `tokenizer.model`.
 - `HFTokenizer`: a Hugging Face `tokenizer.json` with its
-  `tokenizer_config.json` (special tokens, and the Jinja chat template that
-  Llama 3 and Qwen 3 checkpoints declare).
+  `tokenizer_config.json` (special tokens) and the Jinja chat template that
+  Llama 3 and Qwen 3 checkpoints declare (`chat_template.jinja`, or inside
+  `tokenizer_config.json` in older checkpoints).
 
 `load(directory)` picks the one a checkpoint directory holds.
 """
@@ -111,6 +112,20 @@ def _token_text(value) -> str | None:
   return value.get('content') if isinstance(value, dict) else value
 
 
+def _chat_template(directory: str, config: dict) -> str | None:
+  """The template transformers would use: chat_template.jinja (newer
+  checkpoints), else tokenizer_config.json's (a string, or named ones)."""
+  path = os.path.join(directory, 'chat_template.jinja')
+  if os.path.exists(path):
+    with open(path) as f:
+      return f.read()
+  template = config.get('chat_template')
+  if isinstance(template, list):
+    named = {t['name']: t['template'] for t in template}
+    template = named.get('default', next(iter(named.values()), None))
+  return template
+
+
 class HFTokenizer:
   """tokenizer.json + tokenizer_config.json (specials, chat template)."""
 
@@ -145,7 +160,7 @@ class HFTokenizer:
       if (i := self.tok.token_to_id(text)) is not None:
         stops.add(i)
     self.stop_ids = tuple(sorted(stops))
-    self.template = self.config.get('chat_template')
+    self.template = _chat_template(directory, self.config)
 
   def encode(self, text: str, add_bos: bool = False) -> list[int]:
     ids = self.tok.encode(text, add_special_tokens=False).ids
