@@ -51,3 +51,18 @@ def sharding() -> ml_collections.ConfigDict:
       kv_heads='tp',
       vocab='tp',
   ))
+
+
+def model(preset: str, checkpoint: str = '') -> ml_collections.ConfigDict:
+  """The model block.
+
+  preset: a name from tunix_pw/models/presets.py (the architecture; Kaggle
+    checkpoints need it, Hugging Face ones bring their own config).
+  checkpoint: a directory (Hugging Face, Kaggle, or a tunix_pw workdir's
+    export); empty: random init from the preset.
+  tokenizer: a directory with tokenizer.json or tokenizer.model, or 'char'
+    (built in); empty: the checkpoint's, else 'char'.
+  """
+  return ml_collections.ConfigDict(dict(
+      preset=preset, checkpoint=checkpoint, tokenizer='',
+      param_dtype='float32', dtype='float32', scan=True, remat='none'))

@@ -67,8 +67,7 @@ def place(views: Sequence[Callable[[], np.ndarray]], shape, dtype, target,
 
 def load(directory: str, cfg: ModelConfig | None = None, *,
          mesh: Mesh | None = None, rules: Any = None,
-         param_dtype=jnp.float32, **model_kwargs) -> tuple[decoder.Decoder,
-                                                           ModelConfig]:
+         **model_kwargs) -> tuple[decoder.Decoder, ModelConfig]:
   """The model in `directory`, on `mesh` (or the first device).
 
   `cfg` is required for Kaggle checkpoints (they ship no config) and checked
@@ -79,7 +78,7 @@ def load(directory: str, cfg: ModelConfig | None = None, *,
   elif cfg is None:
     raise UsageError(f'{directory} is a Kaggle checkpoint, which names no '
                      'architecture: give the model preset too.')
-  model = decoder.abstract(cfg, param_dtype=param_dtype, **model_kwargs)
+  model = decoder.abstract(cfg, **model_kwargs)
   graphdef, state = nnx.split(model)
   views = (hf.sources if kind == HF else kaggle.sources)(directory, cfg, state)
   targets = dict(param_shardings(state, mesh, rules).flat_state()) if mesh \
@@ -105,3 +104,37 @@ def init(cfg: ModelConfig, seed: int = 0, *, mesh: Mesh | None = None,
   make = jax.jit(lambda: nnx.split(decoder.Decoder(
       cfg, rngs=nnx.Rngs(seed), **model_kwargs))[1], out_shardings=out)
   return nnx.merge(graphdef, make())
+
+
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+
+
+def check_model_block(block: Any, prefix: str = '--config.model') -> None:
+  """Static checks of a config's model block."""
+  from tunix_pw.models import presets  # pylint: disable=g-import-not-at-top
+  if block.preset not in presets.PRESETS:
+    raise UsageError(f'{prefix}.preset={block.preset!r} is unknown; use one '
+                     f'of {", ".join(presets.PRESETS)}.')
+  for field in ('param_dtype', 'dtype'):
+    if block[field] not in DTYPES:
+      raise UsageError(f'{prefix}.{field}={block[field]!r} is unknown; use '
+                       f'one of {", ".join(DTYPES)}.')
+  if block.remat not in decoder.REMAT_POLICIES:
+    raise UsageError(f'{prefix}.remat={block.remat!r} is unknown; use one of '
+                     f'{", ".join(decoder.REMAT_POLICIES)}.')
+  if block.checkpoint and not os.path.isdir(block.checkpoint):
+    raise UsageError(f'{prefix}.checkpoint={block.checkpoint!r} is not a '
+                     'directory.')
+
+
+def from_block(block: Any, *, seed: int = 0, mesh: Mesh | None = None,
+               rules: Any = None) -> tuple[decoder.Decoder, ModelConfig]:
+  """The model a config's model block describes: its checkpoint, or a random
+  init of its preset."""
+  from tunix_pw.models import presets  # pylint: disable=g-import-not-at-top
+  cfg = presets.PRESETS[block.preset]
+  kwargs = dict(param_dtype=DTYPES[block.param_dtype],
+                dtype=DTYPES[block.dtype], scan=block.scan, remat=block.remat)
+  if block.checkpoint:
+    return load(block.checkpoint, cfg, mesh=mesh, rules=rules, **kwargs)
+  return init(cfg, seed, mesh=mesh, rules=rules, **kwargs), cfg

@@ -1,0 +1,200 @@
+"""The KV-cache sampler: exactness against the full forward pass, padding
+invariance, sampling statistics, logprobs, compilation counts, sharding,
+stops, and weight updates."""
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+import numpy as np
+import pytest
+from scipy import stats
+
+from tests.models import hf_models
+from tunix_pw.configs import common
+from tunix_pw.errors import UsageError
+from tunix_pw.models import checkpoints
+from tunix_pw.sampling import rules
+from tunix_pw.sampling.rollout import SamplingConfig
+from tunix_pw.sampling.sampler import Sampler
+
+PROMPTS = [[5, 17, 33, 2, 40, 41, 7], [9, 10], [60, 61, 62, 63, 64, 65, 66,
+                                                 67, 68, 69, 70, 71, 72, 73]]
+
+
+@pytest.fixture(scope='module')
+def model(tmp_path_factory):
+  """A tiny Gemma 2 with random weights large enough to vary its output."""
+  directory = tmp_path_factory.mktemp('gemma2')
+  hf_models.make('gemma2', str(directory))
+  return checkpoints.load(str(directory))[0]
+
+
+@jax.jit
+def _forward(model, tokens):
+  logits, _ = model(tokens, jnp.arange(tokens.shape[1])[None],
+                    jnp.ones_like(tokens))
+  return logits[0]
+
+
+def full_logits(model, sequence):
+  """The full forward pass; right padding to 64 keeps one compilation (a
+  causal model's logits do not see later tokens)."""
+  tokens = np.zeros((1, 64), np.int32)
+  tokens[0, :len(sequence)] = sequence
+  return np.asarray(_forward(model, tokens))[:len(sequence)]
+
+
+def test_greedy_equals_stepwise_argmax_of_the_full_forward(model):
+  sampler = Sampler(model, pad_id=0, eos_ids=())
+  out = sampler.generate(PROMPTS, SamplingConfig(max_new_tokens=10,
+                                                 greedy=True))
+  for row, prompt in enumerate(PROMPTS):
+    sequence = list(prompt)
+    for _ in range(10):
+      sequence.append(int(np.argmax(full_logits(model, sequence)[-1])))
+    assert np.asarray(out.tokens[row]).tolist() == sequence[len(prompt):]
+  assert len(set(np.asarray(out.tokens).ravel().tolist())) > 3  # not trivial
+
+
+def test_logprobs_are_the_models_log_softmax_at_sampled_tokens(model):
+  sampler = Sampler(model, pad_id=0, eos_ids=())
+  out = sampler.generate(PROMPTS, SamplingConfig(
+      max_new_tokens=8, temperature=0.8, top_p=0.9, seed=7))
+  for row, prompt in enumerate(PROMPTS):
+    generated = np.asarray(out.tokens[row]).tolist()
+    logits = full_logits(model, prompt + generated)
+    logp = jax.nn.log_softmax(logits[len(prompt) - 1:-1], axis=-1)
+    expected = np.take_along_axis(np.asarray(logp),
+                                  np.array(generated)[:, None], -1)[:, 0]
+    np.testing.assert_allclose(np.asarray(out.logprobs[row]), expected,
+                               atol=1e-5)
+
+
+def test_a_prompt_alone_and_in_a_padded_batch_agree(model):
+  sampler = Sampler(model, pad_id=0, eos_ids=())
+  greedy = SamplingConfig(max_new_tokens=12, greedy=True)
+  batch = sampler.generate(PROMPTS + [list(range(3, 40))], greedy)
+  for row, prompt in enumerate(PROMPTS):
+    alone = sampler.generate([prompt], greedy)
+    np.testing.assert_array_equal(alone.tokens[0], batch.tokens[row])
+    np.testing.assert_allclose(alone.logprobs[0], batch.logprobs[row],
+                               atol=1e-5, rtol=0)
+
+
+def test_compiles_once_per_bucket(model):
+  sampler = Sampler(model, pad_id=0, eos_ids=())
+  config = SamplingConfig(max_new_tokens=5, temperature=1.0)
+  for length in (3, 9, 16):  # one prompt bucket (16)
+    sampler.generate([list(range(4, 4 + length))] * 2, config)
+  assert sampler.traces == 1
+  sampler.generate([[4] * 9] * 2, SamplingConfig(max_new_tokens=11))
+  assert sampler.traces == 1  # 5 and 11 new tokens share the 16 bucket
+  sampler.generate([[4] * 17] * 2, config)  # next prompt bucket (32)
+  assert sampler.traces == 2
+  sampler.generate([[4] * 9] * 2, SamplingConfig(max_new_tokens=5,
+                                                 greedy=True))
+  assert sampler.traces == 3  # another decoding rule
+
+
+def test_stops_per_row_and_masks(model):
+  sampler = Sampler(model, pad_id=0, eos_ids=())
+  free = sampler.generate(PROMPTS, SamplingConfig(max_new_tokens=10,
+                                                  greedy=True))
+  stop = int(free.tokens[0, 3])  # row 0 reaches it at step <= 3
+  out = sampler.generate(PROMPTS, SamplingConfig(
+      max_new_tokens=10, greedy=True, stop_ids=(stop,)))
+  for row in range(len(PROMPTS)):
+    tokens = np.asarray(free.tokens[row]).tolist()
+    n = tokens.index(stop) + 1 if stop in tokens else 10
+    assert int(out.lengths[row]) == n
+    assert np.asarray(out.mask[row]).tolist() == [True] * n + [False] * (
+        10 - n)
+    assert np.asarray(out.tokens[row, :n]).tolist() == tokens[:n]
+    assert (np.asarray(out.tokens[row, n:]) == 0).all()
+    assert (np.asarray(out.logprobs[row, n:]) == 0).all()
+
+
+def test_sampling_statistics_on_fixed_logits():
+  logits = jnp.log(jnp.array([0.30, 0.25, 0.15, 0.12, 0.08, 0.05, 0.03,
+                              0.02]))
+  draws = 40_000
+  batch = jnp.broadcast_to(logits, (draws, 8))
+  key = jax.random.key(0)
+
+  def frequencies(**kw):
+    tokens = rules.sample(batch, key, jnp.float32(1.0),
+                          jnp.float32(kw.pop('top_p', 1.0)), **kw)
+    return np.bincount(np.asarray(tokens), minlength=8)
+
+  probs = np.exp(np.asarray(logits, np.float64))
+  for kwargs, allowed in [
+      (dict(top_k=3, use_top_p=False), [0, 1, 2]),
+      (dict(top_k=0, use_top_p=True, top_p=0.65), [0, 1, 2]),  # 0.30+.25+.15
+      (dict(top_k=5, use_top_p=True, top_p=0.5), [0, 1]),
+      (dict(top_k=0, use_top_p=False), list(range(8))),
+  ]:
+    counts = frequencies(greedy=False, **kwargs)
+    outside = [i for i in range(8) if i not in allowed]
+    assert counts[outside].sum() == 0, kwargs
+    expected = probs[allowed] / probs[allowed].sum() * counts.sum()
+    assert stats.chisquare(counts[allowed], expected).pvalue > 1e-3, kwargs
+  greedy = rules.sample(batch[:4], key, jnp.float32(1.0), jnp.float32(1.0),
+                        top_k=0, use_top_p=False, greedy=True)
+  assert (np.asarray(greedy) == 0).all()
+
+
+def test_seeded_and_deterministic(model):
+  sampler = Sampler(model, pad_id=0, eos_ids=())
+  config = SamplingConfig(max_new_tokens=8, temperature=1.0, seed=3)
+  a = sampler.generate(PROMPTS, config)
+  b = sampler.generate(PROMPTS, config)
+  c = sampler.generate(PROMPTS, SamplingConfig(max_new_tokens=8, seed=4))
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  assert not np.array_equal(a.tokens, c.tokens)
+
+
+def test_sharded_on_a_4_device_rollout_mesh_equals_one_device(tmp_path):
+  hf_models.make('gemma2', str(tmp_path))
+  mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ('fsdp', 'tp'))
+  rules_ = common.sharding()
+  single = Sampler(checkpoints.load(str(tmp_path))[0], pad_id=0, eos_ids=())
+  sharded_model, _ = checkpoints.load(str(tmp_path), mesh=mesh, rules=rules_)
+  sharded = Sampler(sharded_model, pad_id=0, eos_ids=(), mesh=mesh,
+                    rules=rules_)
+  prompts = PROMPTS + [[3, 4, 5, 6]]  # 4 rows: 2 per data shard
+  greedy = SamplingConfig(max_new_tokens=10, greedy=True)
+  np.testing.assert_array_equal(sharded.generate(prompts, greedy).tokens,
+                                single.generate(prompts, greedy).tokens)
+
+
+def test_update_weights_serves_new_parameters(model, tmp_path):
+  hf_models.make('gemma2', str(tmp_path), seed=5)
+  other, _ = checkpoints.load(str(tmp_path))
+  sampler = Sampler(model, pad_id=0, eos_ids=())
+  greedy = SamplingConfig(max_new_tokens=10, greedy=True)
+  before = sampler.generate(PROMPTS, greedy).tokens
+  sampler.update_weights(nnx.state(other))
+  expected = Sampler(other, pad_id=0, eos_ids=()).generate(PROMPTS, greedy)
+  np.testing.assert_array_equal(sampler.generate(PROMPTS, greedy).tokens,
+                                expected.tokens)
+  assert not np.array_equal(before, expected.tokens)
+  # A subset (as LoRA adapters would be) updates just those parameters.
+  subset = nnx.from_flat_state([(p, v) for p, v in
+                                nnx.state(model).flat_state()
+                                if p[-1] == 'q'])
+  sampler.update_weights(subset)
+  assert sampler.generate(PROMPTS, greedy).tokens.shape == (3, 10)
+
+
+def test_bad_inputs_are_usage_errors(model):
+  sampler = Sampler(model, pad_id=0, eos_ids=(), max_cache=32)
+  with pytest.raises(UsageError, match='prompt 1 is empty'):
+    sampler.generate([[3], []], SamplingConfig(max_new_tokens=4))
+  with pytest.raises(UsageError, match='exceeds the cache of 32'):
+    sampler.generate([[3] * 30], SamplingConfig(max_new_tokens=4))
+  with pytest.raises(UsageError, match='max_new_tokens=0'):
+    SamplingConfig(max_new_tokens=0)
+  for top_p in (0.0, 1.5):
+    with pytest.raises(UsageError, match='top_p'):
+      SamplingConfig(max_new_tokens=1, top_p=top_p)

@@ -1,0 +1,120 @@
+"""Generate: prompts through the rollout engine, completions printed (and
+written as JSONL with tokens and log-probabilities)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from etils import epath
+import numpy as np
+
+from tunix_pw import console
+from tunix_pw.errors import UsageError
+from tunix_pw.models import checkpoints, tokenizers
+from tunix_pw.runtime import backend, meshes as meshes_lib
+from tunix_pw.runtime.preemption import Preemption
+from tunix_pw.sampling.rollout import SamplingConfig
+from tunix_pw.sampling.sampler import make_sampler
+
+
+def sampling_config(block: Any) -> SamplingConfig:
+  """The sampling block as a SamplingConfig (its checks are usage errors)."""
+  try:
+    return SamplingConfig(
+        max_new_tokens=block.max_new_tokens, temperature=block.temperature,
+        top_k=block.top_k, top_p=block.top_p, seed=block.seed)
+  except UsageError as e:
+    raise UsageError(f'--config.sampling: {e}') from None
+
+
+def validate(config: Any) -> None:
+  checkpoints.check_model_block(config.model)
+  sampling_config(config.sampling)
+  if bool(config.prompt) == bool(config.prompts_file):
+    raise UsageError('give exactly one of --config.prompt and '
+                     '--config.prompts_file.')
+  if config.prompts_file and not epath.Path(config.prompts_file).exists():
+    raise UsageError(f'--config.prompts_file={config.prompts_file!r} does not '
+                     'exist.')
+  if config.batch_size < 1:
+    raise UsageError(f'--config.batch_size={config.batch_size} must be at '
+                     'least 1.')
+
+
+def read_prompts(path: str) -> list[Any]:
+  """Text (a prompt per line) or JSONL ({"prompt": str} or {"messages":
+  [...]}); a bad or empty line is named with its number."""
+  prompts = []
+  lines = epath.Path(path).read_text().splitlines()
+  for number, line in enumerate(lines, 1):
+    if not line.strip():
+      raise UsageError(f'{path}:{number}: empty prompt.')
+    if not path.endswith('.jsonl'):
+      prompts.append(line)
+      continue
+    try:
+      record = json.loads(line)
+      prompt = (record['messages'] if 'messages' in record
+                else record['prompt'])
+    except (ValueError, KeyError, TypeError) as e:
+      raise UsageError(f'{path}:{number}: not a JSON object with "prompt" or '
+                       f'"messages" ({type(e).__name__}: {e}).') from None
+    if not prompt:
+      raise UsageError(f'{path}:{number}: empty prompt.')
+    prompts.append(prompt)
+  return prompts
+
+
+def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
+        workdir: str, preemption: Preemption) -> None:
+  mesh = meshes['rollout']
+  model, cfg = checkpoints.from_block(config.model, seed=config.seed,
+                                     mesh=mesh, rules=config.sharding)
+  tokenizer = tokenizers.load(config.model.tokenizer or
+                              config.model.checkpoint or 'char')
+  if tokenizer.vocab_size > cfg.vocab_size:
+    raise UsageError(f'the tokenizer has {tokenizer.vocab_size} tokens but '
+                     f'the model only {cfg.vocab_size}.')
+  sampler = make_sampler(model, tokenizer, mesh=mesh, rules=config.sharding,
+                         runtime=runtime,
+                         max_cache=config.sampling.max_cache or None)
+  sampling = sampling_config(config.sampling)
+
+  raw = ([config.prompt] if config.prompt else
+         read_prompts(config.prompts_file))
+  texts = []
+  for i, prompt in enumerate(raw):
+    if isinstance(prompt, list) or config.chat:
+      messages = prompt if isinstance(prompt, list) else [
+          {'role': 'user', 'content': prompt}]
+      prompt = tokenizer.chat(messages)
+    if not prompt.strip():
+      raise UsageError(f'prompt {i} is empty.')
+    texts.append(prompt)
+
+  records = []
+  with console.Progress(len(texts), 'generate',
+                        enabled=runtime.is_coordinator) as bar:
+    for start in range(0, len(texts), config.batch_size):
+      batch = texts[start:start + config.batch_size]
+      out = sampler.generate(
+          [tokenizer.encode(t, add_bos=True) for t in batch], sampling)
+      tokens, logprobs, lengths = (np.asarray(out.tokens),
+                                   np.asarray(out.logprobs),
+                                   np.asarray(out.lengths))
+      for row, text in enumerate(batch):
+        n = int(lengths[row])
+        records.append(dict(prompt=text,
+                            completion=tokenizer.decode(tokens[row, :n]),
+                            tokens=tokens[row, :n].tolist(),
+                            logprobs=logprobs[row, :n].tolist()))
+      bar.update(len(batch))
+      preemption.check()
+
+  if runtime.is_coordinator:
+    for i, r in enumerate(records):
+      print(f'=== {i}: {r["prompt"]!r}\n{r["completion"]}')
+    if config.output_jsonl:
+      epath.Path(config.output_jsonl).write_text(
+          ''.join(json.dumps(r) + '\n' for r in records))

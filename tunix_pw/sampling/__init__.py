@@ -1,0 +1,1 @@
+"""Rollout: the KV-cache sampler and the interface RL generates through."""

@@ -1,0 +1,172 @@
+"""The built-in rollout engine: a KV-cache sampler compiled end to end.
+
+One jitted program per shape bucket does the prefill of left-padded prompts
+and a `while_loop` of one-token decode steps (no Python per token), stopping
+when every row has hit a stop token or its budget. Prompt lengths and token
+budgets round up to buckets (powers of two from 16), so varying lengths do
+not recompile. On a rollout mesh the batch is sharded over the data axes and
+heads over tensor axes, by the same logical rules as training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+import functools
+from typing import Any
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+import numpy as np
+
+from tunix_pw.errors import UsageError
+from tunix_pw.models.decoder import Cache, Decoder
+from tunix_pw.models.layers import Sharder
+from tunix_pw.runtime import backend, reshard, sharding
+from tunix_pw.sampling import rules as decoding
+from tunix_pw.sampling.rollout import Completions, SamplingConfig
+
+
+class Sampler:
+  """Implements RolloutEngine for a Decoder, on one mesh (or one device)."""
+
+  def __init__(self, model: Decoder, *, pad_id: int,
+               eos_ids: Sequence[int], mesh: Mesh | None = None,
+               rules: Any = None, runtime: backend.Runtime | None = None,
+               max_cache: int | None = None, smallest_bucket: int = 16):
+    self.graphdef, self.params = nnx.split(model)
+    self.cfg = model.cfg
+    self.cache_dtype = model.dtype
+    self.pad_id, self.eos_ids = pad_id, tuple(eos_ids)
+    self.mesh, self.rules, self.runtime = mesh, rules, runtime
+    self.max_cache = max_cache or self.cfg.max_position
+    self.smallest_bucket = smallest_bucket
+    self.traces = 0  # compilations of the generate program, for tests
+    self.last_sync: reshard.Stats | None = None
+    self._generate = jax.jit(self._program, static_argnames=(
+        'cache_size', 'top_k', 'use_top_p', 'greedy'))
+
+  # ------------------------------------------------------------ weights
+
+  def update_weights(self, params: nnx.State) -> None:
+    """Serve `params` (all of them, or a subset such as LoRA adapters):
+    moved onto this engine's shardings by the runtime's reshard."""
+    current = dict(self.params.flat_state())
+    incoming = dict(params.flat_state())
+    missing = [p for p in incoming if p not in current]
+    if missing:
+      raise ValueError(f'update_weights got unknown parameter {missing[0]}')
+    sources = [incoming[p].get_value() for p in incoming]
+    targets = [current[p].get_value().sharding for p in incoming]
+    if self.runtime is None:
+      moved = jax.device_put(sources, targets)
+    else:
+      moved, self.last_sync = reshard.transfer(sources, targets, self.runtime)
+    for path, value in zip(incoming, moved):
+      # The previous weights are freed once nobody else holds them (the
+      # engine may share them with the model it was built from).
+      current[path] = current[path].replace(value)
+    self.params = nnx.from_flat_state(list(current.items()))
+
+  # ------------------------------------------------------------- sample
+
+  def generate(self, prompts: Sequence[Sequence[int]],
+               sampling: SamplingConfig) -> Completions:
+    if not prompts:
+      raise UsageError('no prompts to generate from.')
+    lengths = [len(p) for p in prompts]
+    if min(lengths) == 0:
+      raise UsageError(f'prompt {lengths.index(0)} is empty.')
+    prompt_len = decoding.bucket(max(lengths), self.smallest_bucket)
+    cache_size = prompt_len + decoding.bucket(sampling.max_new_tokens,
+                                           self.smallest_bucket)
+    if max(lengths) + sampling.max_new_tokens > self.max_cache:
+      raise UsageError(
+          f'a prompt of {max(lengths)} tokens plus {sampling.max_new_tokens} '
+          f'new tokens exceeds the cache of {self.max_cache} positions.')
+    batch = len(prompts)
+    tokens = np.full((batch, prompt_len), self.pad_id, np.int32)
+    for row, p in enumerate(prompts):  # left padding: every row ends at P-1
+      tokens[row, prompt_len - len(p):] = p
+    segments = (np.arange(prompt_len)[None] >=
+                prompt_len - np.array(lengths)[:, None]).astype(np.int32)
+    positions = np.maximum(np.cumsum(segments, axis=1) - 1, 0)
+    stops = () if sampling.ignore_eos else self.eos_ids + sampling.stop_ids
+    stops = np.array(stops or (-1,), np.int32)
+    put = self._put_batch
+    out = self._generate(
+        self.params, put(tokens), put(positions), put(segments),
+        np.int32(sampling.max_new_tokens), stops,
+        np.float32(sampling.temperature or 1.0), np.float32(sampling.top_p),
+        jax.random.key(sampling.seed), cache_size=cache_size,
+        top_k=sampling.top_k, use_top_p=sampling.top_p < 1.0,
+        greedy=sampling.is_greedy)
+    n = sampling.max_new_tokens
+    tokens, logprobs, mask, lengths = out
+    return Completions(tokens[:, :n], logprobs[:, :n], mask[:, :n], lengths)
+
+  def _put_batch(self, x: np.ndarray) -> jax.Array:
+    if self.mesh is None:
+      return jnp.asarray(x)
+    return jax.device_put(x, sharding.named(self.mesh, x.shape,
+                                            ('batch', None), self.rules))
+
+  def _program(self, params, tokens, positions, segments, max_new, stops,
+               temperature, top_p, key, *, cache_size, top_k, use_top_p,
+               greedy) -> tuple[jax.Array, ...]:
+    self.traces += 1  # runs once per compilation (tracing), not per call
+    model = nnx.merge(self.graphdef, params)
+    shard = Sharder(self.mesh, self.rules)
+    batch, prompt_len = tokens.shape
+    budget = cache_size - prompt_len
+    cache = Cache.empty(self.cfg, batch, cache_size, self.cache_dtype)
+    cache = cache.replace(
+        k=jax.tree.map(lambda a: shard(a, None, 'batch', 'kv_heads', None,
+                                       None), cache.k),
+        v=jax.tree.map(lambda a: shard(a, None, 'batch', 'kv_heads', None,
+                                       None), cache.v))
+    logits, cache = model(tokens, positions, segments, cache, 0, shard=shard)
+    next_position = positions[:, -1] + 1
+    pick = functools.partial(decoding.sample, temperature=temperature,
+                             top_p=top_p, top_k=top_k, use_top_p=use_top_p,
+                             greedy=greedy)
+
+    def body(state):
+      step, cache, last, out_tokens, out_logprobs, lengths, done, key = state
+      key, sub = jax.random.split(key)
+      token = pick(last, sub).astype(jnp.int32)
+      logprob = jnp.take_along_axis(jax.nn.log_softmax(last), token[:, None],
+                                    axis=-1)[:, 0]
+      live = ~done
+      out_tokens = out_tokens.at[:, step].set(
+          jnp.where(live, token, self.pad_id))
+      out_logprobs = out_logprobs.at[:, step].set(
+          jnp.where(live, logprob, 0.0))
+      lengths = lengths + live
+      done = done | jnp.isin(token, stops) | (step + 1 >= max_new)
+      logits, cache = model(token[:, None], (next_position + step)[:, None],
+                            live.astype(jnp.int32)[:, None], cache,
+                            prompt_len + step, shard=shard)
+      return (step + 1, cache, logits[:, 0], out_tokens, out_logprobs,
+              lengths, done, key)
+
+    def cond(state):
+      step, done = state[0], state[6]
+      return (step < max_new) & ~jnp.all(done)
+
+    init = (jnp.int32(0), cache, logits[:, -1],
+            jnp.full((batch, budget), self.pad_id, jnp.int32),
+            jnp.zeros((batch, budget), jnp.float32),
+            jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool), key)
+    _, _, _, out_tokens, out_logprobs, lengths, _, _ = jax.lax.while_loop(
+        cond, body, init)
+    mask = jnp.arange(budget)[None] < lengths[:, None]
+    return out_tokens, out_logprobs, mask, lengths
+
+
+def make_sampler(model: Decoder, tokenizer: Any, **kwargs) -> Sampler:
+  """A Sampler that stops on the tokenizer's stop ids."""
+  return Sampler(model, pad_id=tokenizer.pad_id, eos_ids=tokenizer.stop_ids,
+                 **kwargs)
+
