@@ -66,3 +66,29 @@ def model(preset: str, checkpoint: str = '') -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       preset=preset, checkpoint=checkpoint, tokenizer='',
       param_dtype='float32', dtype='float32', scan=True, remat='none'))
+
+
+def data(name: str = 'arithmetic', **arithmetic) -> ml_collections.ConfigDict:
+  """The data block (see tunix_pw/data/).
+
+  name: arithmetic | gsm8k | preferences | chat.
+  manual_dir: for the JSONL datasets, a directory with train.jsonl and
+    test.jsonl.
+  on_bad_line: 'error' (stop, naming file and line) or 'skip' (counted).
+  max_length: tokens per training sequence; longer ones are truncated or
+    dropped (`overlong`), and counted.
+  chat: render prompts through the tokenizer's chat template.
+  packing: pack SFT sequences into rows of max_length (segment ids).
+  """
+  return ml_collections.ConfigDict(dict(
+      name=name,
+      data_dir=os.path.join('~', '.cache', 'tunix_pw', 'tfds'),
+      manual_dir='',
+      on_bad_line='error',
+      arithmetic=dict(dict(digits=2, operations='+', train_size=5000,
+                           test_size=1000, seed=0), **arithmetic),
+      max_length=64,
+      overlong='truncate',
+      chat=False,
+      packing=False,
+  ))

@@ -13,6 +13,7 @@ import types
 from tunix_pw.errors import UsageError
 
 _JOBS = {
+    'data': 'tunix_pw.jobs.data',
     'generate': 'tunix_pw.jobs.generate',
     'smoke': 'tunix_pw.jobs.smoke',
 }

@@ -1,0 +1,157 @@
+"""Pipelines: seeded order, exactly-once epochs, resume in a fresh process,
+per-process shares of a real two-process run, packing."""
+
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+import numpy as np
+import pytest
+
+from tests import helpers
+from tunix_pw.configs import common
+from tunix_pw.data import formats, pipeline
+from tunix_pw.models import checkpoints, presets
+from tunix_pw.models.tokenizers import CharTokenizer
+
+ARITH = dict(digits=2, operations='+-', train_size=300, test_size=60, seed=0)
+
+
+def spec(data_dir):
+  return pipeline.DataSpec('arithmetic', str(data_dir),
+                           arithmetic=tuple(ARITH.items()))
+
+
+@pytest.fixture(scope='module')
+def sources(tmp_path_factory):
+  return pipeline.prepare(spec(tmp_path_factory.mktemp('tfds')))[0]
+
+
+def indices(source, seed, epochs=1, batch=10):
+  reader = pipeline.Pipeline(source, lambda ex, c: ex['index'],
+                             batch_size=batch, seed=seed, num_epochs=epochs)
+  return [i for b in reader for i in b]
+
+
+def test_seeded_order_and_exactly_once_per_epoch(sources):
+  train = sources['train']
+  a, b, c = indices(train, 0), indices(train, 0), indices(train, 1)
+  assert a == b and a != c
+  assert sorted(a) == list(range(len(train))) == sorted(c)
+  two = indices(train, 0, epochs=2)
+  assert sorted(two[:300]) == sorted(two[300:]) == list(range(300))
+  assert two[:300] != two[300:]  # reshuffled each epoch
+
+
+def test_train_and_test_are_disjoint(sources):
+  def questions(split):
+    return {pipeline.builders.decode(sources[split][i])['question']
+            for i in range(len(sources[split]))}
+  assert not questions('train') & questions('test')
+  example = pipeline.builders.decode(sources['train'][0])
+  a, op, b = example['question'][:2], example['question'][2], \
+      example['question'][3:5]
+  assert int(example['answer']) == (int(a) + int(b) if op == '+'
+                                    else int(a) - int(b))
+
+
+RESUME = '''
+import json, sys
+from tunix_pw.data import pipeline
+spec = pipeline.DataSpec('arithmetic', sys.argv[1],
+                         arithmetic=tuple(json.loads(sys.argv[2]).items()))
+source = pipeline.prepare(spec)[0]['train']
+reader = pipeline.Pipeline(source, lambda ex, c: ex['index'], batch_size=16,
+                           seed=3, num_epochs=2)
+reader.restore(json.loads(open(sys.argv[3]).read()))
+print(json.dumps([i for b in reader for i in b]))
+'''
+
+
+def test_resume_in_a_fresh_process_continues_exactly(sources, tmp_path):
+  data_dir = tmp_path / 'tfds'
+  source = pipeline.prepare(spec(data_dir))[0]['train']
+  reader = pipeline.Pipeline(source, lambda ex, c: ex['index'],
+                             batch_size=16, seed=3, num_epochs=2)
+  taken = [next(reader) for _ in range(7)]
+  (tmp_path / 'state.json').write_text(json.dumps(reader.state()))
+  rest = [i for b in reader for i in b]
+  out = subprocess.run(
+      [sys.executable, '-c', RESUME, str(data_dir), json.dumps(ARITH),
+       str(tmp_path / 'state.json')], capture_output=True, text=True,
+      env=helpers.env(), check=True)
+  assert json.loads(out.stdout.splitlines()[-1]) == rest
+  assert len(taken) * 16 + len(rest) == 2 * 300 // 16 * 16
+  del sources
+
+
+def test_two_processes_read_disjoint_shares_of_the_whole_split(tmp_path):
+  result = helpers.launch_local(
+      2, '--config=tunix_pw/configs/data.py', '--config.dump=True',
+      '--config.batch_size=40', f'--config.data.data_dir={tmp_path / "tfds"}',
+      f'--workdir={tmp_path}')
+  assert result.returncode == 0, result.stdout + result.stderr
+  shares = [set(json.loads((tmp_path / f'data_p{i}.json').read_text())
+                ['indices']) for i in range(2)]
+  assert not shares[0] & shares[1]
+  assert shares[0] | shares[1] == set(range(5000))
+
+
+def test_overlong_examples_are_truncated_or_dropped_and_counted(sources):
+  tok = CharTokenizer()
+  for overlong, expected_len in (('truncate', 8), ('drop', None)):
+    transform = formats.sft_transform('arithmetic', tok, 8, overlong, False)
+    reader = pipeline.Pipeline(sources['train'], transform, batch_size=10,
+                               seed=0, num_epochs=1)
+    batches = list(reader)
+    if expected_len:
+      assert all(len(ex['tokens']) == 8 for b in batches for ex in b)
+      assert reader.counters.truncated == 300
+    else:
+      assert not batches and reader.counters.dropped == 300
+
+
+def test_packing_positions_segments_and_equal_loss(sources):
+  tok = CharTokenizer()
+  transform = formats.sft_transform('arithmetic', tok, 32, 'drop', False)
+  packed = next(pipeline.Pipeline(sources['train'], transform, batch_size=2,
+                                  seed=0, num_epochs=1, pack_length=40))
+  rows = []
+  for r in range(2):
+    seg, pos = packed['segment_ids'][r], packed['positions'][r]
+    for s in sorted(set(seg.tolist()) - {0}):
+      where = np.flatnonzero(seg == s)
+      assert (np.diff(where) == 1).all()  # contiguous
+      assert pos[where].tolist() == list(range(len(where)))
+      rows.append(dict(tokens=packed['tokens'][r][where],
+                       loss_mask=packed['loss_mask'][r][where]))
+  unpacked = pipeline.pad_batch(rows, 40, 0)
+
+  model = checkpoints.init(presets.PRESETS['tiny-gemma2'], seed=0)
+
+  def loss_sum(batch):
+    logits, _ = model(jnp.asarray(batch['tokens']),
+                      jnp.asarray(batch['positions']),
+                      jnp.asarray(batch['segment_ids']))
+    logp = jax.nn.log_softmax(logits[:, :-1])
+    nll = -jnp.take_along_axis(logp, batch['tokens'][:, 1:, None], -1)[..., 0]
+    # A token is predicted from the previous one in the same segment.
+    same = batch['segment_ids'][:, 1:] == batch['segment_ids'][:, :-1]
+    return float((nll * batch['loss_mask'][:, 1:] * same).sum())
+
+  assert len(rows) > 2  # really packed several per row
+  np.testing.assert_allclose(loss_sum(packed), loss_sum(unpacked), rtol=1e-5)
+
+
+def test_place_puts_local_rows_on_the_mesh(sources):
+  mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ('fsdp', 'tp'))
+  batch = pipeline.pad_batch([dict(tokens=np.arange(5), loss_mask=np.ones(5))]
+                             * 8, 16, 0)
+  placed = pipeline.place(batch, mesh, common.sharding())
+  assert placed['tokens'].shape == (8, 16)
+  assert placed['tokens'].sharding.spec[0] == 'fsdp'
+  np.testing.assert_array_equal(placed['tokens'], batch['tokens'])
+  del sources

@@ -1,0 +1,79 @@
+"""From dataset examples to token sequences, per dataset and use.
+
+`prompt_and_answer` says what each dataset asks and answers; the transforms
+tokenize that (through the chat template when asked) into what the jobs
+consume: SFT sequences with a loss mask on the completion, RL prompts with
+their reference answers, preference pairs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from tunix_pw.data import pipeline
+from tunix_pw.models.tokenizers import Tokenizer
+
+
+def prompt_and_answer(name: str, example: dict[str, Any]) -> tuple[Any, str]:
+  """(prompt text, or messages for the chat template; the target text)."""
+  if name == 'arithmetic':
+    return example['question'], example['answer']
+  if name == 'gsm8k':
+    return example['question'], example['answer']
+  if name == 'chat':
+    messages = [dict(role=r, content=c) for r, c in
+                zip(example['messages']['role'],
+                    example['messages']['content'])]
+    return messages[:-1], messages[-1]['content']
+  if name == 'preferences':
+    return example['prompt'], example['chosen']
+  raise ValueError(f'unknown dataset {name!r}')
+
+
+def reference_answer(name: str, example: dict[str, Any]) -> str:
+  """What a reward compares against: the final number for math sets."""
+  if name == 'gsm8k':
+    return example['final_answer']
+  return prompt_and_answer(name, example)[1]
+
+
+def render_prompt(prompt: Any, tokenizer: Tokenizer, chat: bool) -> str:
+  if isinstance(prompt, list):  # messages always take the chat template
+    return tokenizer.chat(prompt)
+  return tokenizer.chat([dict(role='user', content=prompt)]) if chat \
+      else prompt
+
+
+def sft_transform(name: str, tokenizer: Tokenizer, max_length: int,
+                  overlong: str, chat: bool) -> Callable:
+  """Example -> tokens with a loss mask on the completion (and its eos)."""
+
+  def transform(example, counters):
+    prompt, answer = prompt_and_answer(name, example)
+    prompt_ids = tokenizer.encode(render_prompt(prompt, tokenizer, chat),
+                                  add_bos=True)
+    answer_ids = tokenizer.encode(answer) + [tokenizer.eos_id]
+    return pipeline.fit(prompt_ids + answer_ids,
+                        [0] * len(prompt_ids) + [1] * len(answer_ids),
+                        max_length, overlong, counters)
+
+  return transform
+
+
+def prompt_transform(name: str, tokenizer: Tokenizer, max_prompt_length: int,
+                     chat: bool) -> Callable:
+  """Example -> a prompt for generation and the answer a reward checks;
+  prompts over `max_prompt_length` tokens are dropped (counted)."""
+
+  def transform(example, counters):
+    counters.examples += 1
+    prompt, _ = prompt_and_answer(name, example)
+    ids = tokenizer.encode(render_prompt(prompt, tokenizer, chat),
+                           add_bos=True)
+    if len(ids) > max_prompt_length:
+      counters.dropped += 1
+      return None
+    return dict(prompt=ids, answer=reference_answer(name, example),
+                index=example['index'])
+
+  return transform
