@@ -181,6 +181,9 @@ def main(argv: Sequence[str]) -> None:
     _fail(f'unexpected arguments {" ".join(argv[1:])!r}; flags take the form '
           '--name=value.')
   config = _CONFIG.value
+  if not flags.FLAGS['verbosity'].present:
+    # Libraries (Orbax above all) log every step at INFO; -v=0 shows them.
+    logging.set_verbosity(logging.WARNING)
   try:
     job = _static_checks(config)
     workdir = epath.Path(_WORKDIR.value)
@@ -193,7 +196,9 @@ def main(argv: Sequence[str]) -> None:
     runtime = backend.start(detection, config.runtime.host_device_count)
     preemption = Preemption(runtime)  # SIGTERM from here on means: stop agreed
     role_meshes = meshes.build(config.meshes, runtime.devices)
-    logging.info('%s; meshes: %s', runtime.describe(), role_meshes.describe())
+    if runtime.is_coordinator:
+      print(f'{runtime.describe()}; meshes: {role_meshes.describe()}',
+            flush=True)
     if runtime.is_coordinator:
       workdir.mkdir(parents=True, exist_ok=True)
       (workdir / SNAPSHOT).write_text(config.to_json_best_effort(indent=2))

@@ -92,3 +92,26 @@ def data(name: str = 'arithmetic', **arithmetic) -> ml_collections.ConfigDict:
       chat=False,
       packing=False,
   ))
+
+
+def optimizer(learning_rate: float = 1e-4, warmup_steps: int = 10,
+              schedule: str = 'cosine') -> ml_collections.ConfigDict:
+  """AdamW (or SGD) with warmup then constant or cosine decay, and gradient
+  clipping by global norm (0: off)."""
+  return ml_collections.ConfigDict(dict(
+      name='adamw', learning_rate=learning_rate, warmup_steps=warmup_steps,
+      schedule=schedule, end_fraction=0.1, b1=0.9, b2=0.99, eps=1e-8,
+      weight_decay=0.0, clip_norm=1.0))
+
+
+def lora(rank: int = 0) -> ml_collections.ConfigDict:
+  """LoRA adapters (rank 0: off) on the weights whose paths match `targets`;
+  quantize='int8' keeps the frozen base in int8 (QLoRA)."""
+  return ml_collections.ConfigDict(dict(
+      rank=rank, alpha=16.0, quantize='',
+      targets=r'.*(attn/(q|k|v|o)|mlp/(gate|up|down))'))
+
+
+def checkpointing(every: int = 100, keep: int = 3) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dict(every=every, keep=keep,
+                                        async_save=True))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
+
 from tunix_pw.data import pipeline
 from tunix_pw.models.tokenizers import Tokenizer
 
@@ -77,3 +79,61 @@ def prompt_transform(name: str, tokenizer: Tokenizer, max_prompt_length: int,
                 index=example['index'])
 
   return transform
+
+
+def preference_pair(name: str, example: dict[str, Any]) -> tuple[Any, str,
+                                                                  str]:
+  """(prompt, chosen, rejected). Arithmetic gives a built-in preference set:
+  the right answer over a near miss (for :runlocal configs and tests)."""
+  if name == 'preferences':
+    return example['prompt'], example['chosen'], example['rejected']
+  if name == 'arithmetic':
+    answer = int(example['answer'])
+    miss = answer + (1 + example['index'] % 9) * (-1 if example['index'] % 2
+                                                   else 1)
+    return example['question'], str(answer), str(miss)
+  raise ValueError(f'{name!r} has no preference pairs; use preferences or '
+                   'arithmetic')
+
+
+def preference_transform(name: str, tokenizer: Tokenizer, max_length: int,
+                         overlong: str, chat: bool) -> Callable:
+  """Example -> chosen and rejected sequences sharing the prompt, each with
+  a loss mask on its completion; a pair is dropped (or both truncated) when
+  either exceeds `max_length`."""
+
+  def transform(example, counters):
+    prompt, chosen, rejected = preference_pair(name, example)
+    prompt_ids = tokenizer.encode(render_prompt(prompt, tokenizer, chat),
+                                  add_bos=True)
+    sides = {}
+    for side, text in (('chosen', chosen), ('rejected', rejected)):
+      completion = tokenizer.encode(text) + [tokenizer.eos_id]
+      sides[side] = (prompt_ids + completion,
+                     [0] * len(prompt_ids) + [1] * len(completion))
+    counters.examples += 1
+    if max(len(tokens) for tokens, _ in sides.values()) > max_length:
+      if overlong == 'drop':
+        counters.dropped += 1
+        return None
+      counters.truncated += 1
+    out = {}
+    for side, (tokens, mask) in sides.items():
+      out[f'{side}_tokens'] = np.asarray(tokens[:max_length], np.int32)
+      out[f'{side}_loss_mask'] = np.asarray(mask[:max_length], np.int32)
+    return out
+
+  return transform
+
+
+def pad_pairs(rows: list[dict[str, Any]], length: int,
+              pad_id: int) -> dict[str, Any]:
+  """Both sides of each pair padded to one length: chosen_* and rejected_*
+  arrays [B, length]."""
+  out = {}
+  for side in ('chosen', 'rejected'):
+    padded = pipeline.pad_batch(
+        [dict(tokens=r[f'{side}_tokens'], loss_mask=r[f'{side}_loss_mask'])
+         for r in rows], length, pad_id)
+    out.update({f'{side}_{k}': v for k, v in padded.items()})
+  return out

@@ -14,7 +14,10 @@ from tunix_pw.errors import UsageError
 
 _JOBS = {
     'data': 'tunix_pw.jobs.data',
+    'dpo': 'tunix_pw.jobs.dpo',
+    'eval': 'tunix_pw.jobs.eval',
     'generate': 'tunix_pw.jobs.generate',
+    'sft': 'tunix_pw.jobs.sft',
     'smoke': 'tunix_pw.jobs.smoke',
 }
 

@@ -16,6 +16,7 @@ from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.sampling.rollout import SamplingConfig
 from tunix_pw.sampling.sampler import make_sampler
+from tunix_pw.train import setup
 
 
 def sampling_config(block: Any) -> SamplingConfig:
@@ -69,10 +70,9 @@ def read_prompts(path: str) -> list[Any]:
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
         workdir: str, preemption: Preemption) -> None:
   mesh = meshes['rollout']
-  model, cfg = checkpoints.from_block(config.model, seed=config.seed,
+  model, cfg = setup.model_from_block(config.model, seed=config.seed,
                                      mesh=mesh, rules=config.sharding)
-  tokenizer = tokenizers.load(config.model.tokenizer or
-                              config.model.checkpoint or 'char')
+  tokenizer = setup.tokenizer(config.model)
   if tokenizer.vocab_size > cfg.vocab_size:
     raise UsageError(f'the tokenizer has {tokenizer.vocab_size} tokens but '
                      f'the model only {cfg.vocab_size}.')

@@ -38,17 +38,8 @@ def validate(config: Any) -> None:
                      f'unknown; use one of {", ".join(PRESETS)}.')
   if config.steps < 1:
     raise UsageError(f'--config.steps={config.steps} must be at least 1.')
-  batch_axes = config.sharding.batch.split(',')
-  parallel = 1
-  for name, size in meshes_lib.parse_axes(config.meshes.actor.axes,
-                                          '--config.meshes.actor.axes'):
-    if name in batch_axes and size > 0:
-      parallel *= size
-  if config.batch_size % parallel:
-    raise UsageError(
-        f'--config.batch_size={config.batch_size} does not divide over the '
-        f'{parallel} data-parallel shards of --config.meshes.actor.axes='
-        f'{config.meshes.actor.axes!r}; use a multiple of {parallel}.')
+  meshes_lib.check_batch(config.batch_size, config.meshes, 'actor',
+                         config.sharding.batch)
 
 
 def _place(host: np.ndarray, target: NamedSharding) -> jax.Array:

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from tunix_pw.models.config import ModelConfig, Rope
+from tunix_pw.models.lora import weight
 from tunix_pw.runtime import sharding
 
 # Large but finite, so that fully masked rows (padding) stay NaN-free.
@@ -124,8 +125,8 @@ class Attention(nnx.Module):
     b, t, d = x.shape
     x2 = x.reshape(b * t, d)  # 2-D matmuls: XLA's fastest path
     kv_shape = (b, t, cfg.num_kv_heads, cfg.head_dim)
-    k = (x2 @ self.k[...].reshape(d, -1)).reshape(kv_shape)
-    v = (x2 @ self.v[...].reshape(d, -1)).reshape(kv_shape)
+    k = (x2 @ weight(self, 'k').reshape(d, -1)).reshape(kv_shape)
+    v = (x2 @ weight(self, 'v').reshape(d, -1)).reshape(kv_shape)
     if cfg.qk_norm:
       k = self.k_norm(k)
     k = apply_rope(k, positions, rope)
@@ -140,7 +141,8 @@ class Attention(nnx.Module):
     keys, values = kv
     k, n, h = cfg.num_kv_heads, cfg.num_heads, cfg.head_dim
     g, s = n // k, keys.shape[2]
-    q = (x.reshape(b * t, d) @ self.q[...].reshape(d, -1)).reshape(b, t, n, h)
+    q = (x.reshape(b * t, d) @ weight(self, 'q').reshape(d, -1)).reshape(
+        b, t, n, h)
     if cfg.qk_norm:
       q = self.q_norm(q)
     q = apply_rope(q, positions, rope) * (cfg.query_scale or h) ** -0.5
@@ -155,8 +157,8 @@ class Attention(nnx.Module):
     probs = jax.nn.softmax(logits, axis=-1).astype(values.dtype)
     out = jnp.einsum('BKQS,BKSH->BKQH', probs.reshape(b, k, g * t, s), values)
     out = out.reshape(b, k, g, t, h).transpose(0, 3, 1, 2, 4)
-    return (out.reshape(b * t, n * h) @ self.o[...].reshape(n * h, d)).reshape(
-        b, t, d)
+    return (out.reshape(b * t, n * h) @ weight(self, 'o').reshape(n * h, d)
+           ).reshape(b, t, d)
 
 
 class MLP(nnx.Module):
@@ -172,8 +174,8 @@ class MLP(nnx.Module):
   def __call__(self, x: jax.Array, shard: Sharder) -> jax.Array:
     b, t, d = x.shape
     x2 = x.reshape(b * t, d)
-    gate = x2 @ self.gate[...]
+    gate = x2 @ weight(self, 'gate')
     act = (jax.nn.gelu(gate, approximate=True)
            if self.activation == 'gelu_tanh' else jax.nn.silu(gate))
-    hidden = shard(act * (x2 @ self.up[...]), 'batch', 'mlp')
-    return (hidden @ self.down[...]).reshape(b, t, d)
+    hidden = shard(act * (x2 @ weight(self, 'up')), 'batch', 'mlp')
+    return (hidden @ weight(self, 'down')).reshape(b, t, d)

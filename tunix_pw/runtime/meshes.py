@@ -206,3 +206,17 @@ def build(config: Any, devices: Sequence[Any],
   union = Mesh(np.array([d for d in devices if d.id in used], dtype=object),
                (UNION_AXIS,))
   return RoleMeshes(config.layout, by_role, union)
+
+
+def check_batch(batch_size: int, config: Any, role: str, batch_rule: str,
+                field: str = '--config.batch_size') -> None:
+  """Static check: a batch divides over the data-parallel shards that the
+  role's mesh axes give the 'batch' rule (sizes known before devices)."""
+  axes = parse_axes(config[role].axes, f'--config.meshes.{role}.axes')
+  shards = math.prod(size for name, size in axes
+                     if name in batch_rule.split(',') and size > 0)
+  if batch_size % shards:
+    raise UsageError(f'{field}={batch_size} does not divide over the '
+                     f'{shards} data-parallel shards of --config.meshes.'
+                     f'{role}.axes={config[role].axes!r}; use a multiple of '
+                     f'{shards}.')

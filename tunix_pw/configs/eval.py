@@ -1,0 +1,35 @@
+"""Eval: greedy exact match (or the reference completions' loss) of a model
+on a held-out split.
+
+  python -m tunix_pw.main --config=tunix_pw/configs/eval.py:runlocal \
+      --config.model.checkpoint=/tmp/sft --workdir=/tmp/eval
+  python -m tunix_pw.main --config=tunix_pw/configs/eval.py:gemma2-2b \
+      --config.model.checkpoint=/ckpt/gemma-2-2b-it --config.data.name=gsm8k \
+      --config.data.manual_dir=/data/gsm8k --workdir=/tmp/eval
+
+arg: a model preset, or 'runlocal'. The checkpoint may be a tunix_pw
+workdir (its latest checkpoint), a Hugging Face or a Kaggle checkpoint.
+"""
+
+import ml_collections
+
+from tunix_pw.configs import common
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  local = arg in (None, '', 'runlocal')
+  c = ml_collections.ConfigDict()
+  c.job = 'eval'
+  c.seed = 0
+  c.model = common.model('tiny-gemma' if local else arg)
+  c.data = common.data('arithmetic')
+  c.data.max_length = 16 if local else 1024
+  c.split = 'test'
+  c.mode = 'exact_match'  # or 'loss'
+  c.examples = 500
+  c.batch_size = 100 if local else 32
+  c.max_new_tokens = 8 if local else 256
+  c.runtime = common.runtime(host_device_count=8 if local else 0)
+  c.meshes = common.meshes('collocated', rollout=('fsdp=1,tp=-1', 'all'))
+  c.sharding = common.sharding()
+  return c

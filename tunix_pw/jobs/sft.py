@@ -1,0 +1,142 @@
+"""SFT: supervised fine-tuning (full or LoRA/QLoRA), one explicit loop.
+
+data -> (packed or bucketed) batches on the actor mesh -> train step
+(gradient accumulation, loss on completion tokens) -> metrics -> periodic
+greedy exact-match evaluation -> checkpoint -> preemption check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flax import nnx
+
+from tunix_pw import console
+from tunix_pw.data import formats, pipeline
+from tunix_pw.errors import UsageError
+from tunix_pw.jobs.data import check_data_block
+from tunix_pw.models import checkpoints, hf, lora, tokenizers
+from tunix_pw.runtime import backend, meshes as meshes_lib
+from tunix_pw.runtime.preemption import Preemption
+from tunix_pw.sampling.sampler import make_sampler
+from tunix_pw.train import evaluate, loop, metrics, optim, setup
+from tunix_pw.train import step as step_lib
+from tunix_pw.train.checkpoint import Checkpointer
+
+
+def validate(config: Any) -> None:
+  checkpoints.check_model_block(config.model)
+  check_data_block(config.data)
+  optim.check(config.optimizer)
+  setup.check_lora_block(config.lora)
+  if config.data.name == 'preferences':
+    raise UsageError("--config.data.name='preferences' is for DPO/ORPO "
+                     '(configs/dpo.py); SFT reads arithmetic, gsm8k or chat.')
+  if config.steps < 1:
+    raise UsageError(f'--config.steps={config.steps} must be at least 1.')
+  if config.batch_size % config.micro_batches:
+    raise UsageError(f'--config.batch_size={config.batch_size} does not '
+                     f'split into --config.micro_batches='
+                     f'{config.micro_batches}.')
+  meshes_lib.check_batch(config.batch_size // config.micro_batches,
+                         config.meshes, 'actor', config.sharding.batch,
+                         '--config.batch_size / --config.micro_batches')
+
+
+def sft_loss(model, batch, rng):
+  del rng
+  logits, _ = model(batch['tokens'], batch['positions'], batch['segment_ids'])
+  nll, weight, correct = step_lib.token_nll(logits, batch['tokens'],
+                                            batch['loss_mask'],
+                                            batch['segment_ids'])
+  return (nll * weight).sum(), dict(weight=weight.sum(),
+                                    accuracy=(correct * weight).sum())
+
+
+def batches(config: Any, source: Any, tokenizer: Any, runtime: Any,
+            seed: int) -> pipeline.Pipeline:
+  """The training pipeline: completion-masked sequences, packed into rows
+  of max_length or padded to length buckets (max_length when several
+  processes must agree on one shape)."""
+  length = config.data.max_length
+  fixed = config.data.packing or runtime.process_count > 1
+  pad = lambda rows: pipeline.pad_batch(
+      rows, length if fixed else min(length, pipeline.bucket(
+          max(len(r['tokens']) for r in rows))), tokenizer.pad_id)
+  return pipeline.Pipeline(
+      source, formats.sft_transform(config.data.name, tokenizer, length,
+                                    config.data.overlong, config.data.chat),
+      batch_size=config.batch_size, seed=seed, num_epochs=None,
+      process_index=runtime.process_index,
+      process_count=runtime.process_count, batch_fn=pad,
+      pack_length=length if config.data.packing else 0,
+      pad_id=tokenizer.pad_id)
+
+
+def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
+        workdir: str, preemption: Preemption) -> None:
+  mesh, rules = meshes['actor'], config.sharding
+  model, _ = setup.policy(config, mesh)
+  tokenizer = setup.tokenizer(config.model)
+  graphdef, params, frozen = setup.split(model, config.lora.rank > 0)
+  optimizer, schedule = optim.make(config.optimizer, config.steps)
+  state = step_lib.TrainState.create(params, optimizer, config.seed)
+  train_step = step_lib.make_step(graphdef, frozen, sft_loss, optimizer,
+                                  schedule, config.micro_batches)
+
+  spec = pipeline.DataSpec.from_block(config.data)
+  sources, _ = pipeline.prepare(spec, runtime)
+  data = batches(config, sources['train'], tokenizer, runtime, config.seed)
+  eval_prompts, eval_answers = setup.heldout(
+      spec.name, sources['test'], tokenizer, config.eval_examples,
+      config.data.chat)
+  sampler = make_sampler(nnx.merge(graphdef, params, *(
+      [frozen] if frozen is not None else [])), tokenizer, mesh=mesh,
+                         rules=rules, runtime=runtime)
+
+  checkpointer = Checkpointer(workdir, config.checkpoint.keep,
+                              config.checkpoint.async_save)
+  state, start = loop.resume(checkpointer, state, data, 'sft',
+                             runtime.is_coordinator)
+  writer = metrics.Writer(workdir, runtime.is_coordinator)
+
+  def save(step: int) -> None:
+    checkpointer.save(step, state, data.state())
+
+  def evaluate_now(step: int) -> dict[str, float]:
+    sampler.update_weights(state.params)
+    result = evaluate.exact_match(
+        sampler, tokenizer, eval_prompts, eval_answers,
+        config.eval_max_new_tokens, config.eval_batch_size)
+    return writer.write(step, {f'eval/{k}': v for k, v in result.items()})
+
+  with console.Progress(config.steps - start, 'sft',
+                        enabled=runtime.is_coordinator) as bar:
+    tracker = loop.Tracker(writer, bar, config.log_every, config.steps,
+                           config.runtime.max_inflight)
+    for step in range(start, config.steps):
+      host = next(data)
+      state, step_metrics = train_step(state, pipeline.place(host, mesh,
+                                                             rules))
+      done = step + 1
+      tracker.add(done, step_metrics, int((host['segment_ids'] > 0).sum()),
+                  shown=('loss', 'accuracy'))
+      if config.eval_every and done % config.eval_every == 0:
+        evaluate_now(done)
+      loop.end_of_step(done, config.checkpoint.every, save, checkpointer,
+                       preemption)
+
+  tracker.throttler.wait_for_all()
+  save(config.steps)
+  result = evaluate_now(config.steps) if config.eval_examples else {}
+  checkpointer.close()
+  writer.close()
+  if config.export:
+    final = nnx.merge(graphdef, state.params, *(
+        [frozen] if frozen is not None else []))
+    lora.merge(final)
+    hf.save(config.export, final.cfg, nnx.state(final))
+  if runtime.is_coordinator and result:
+    print(f'sft: held-out greedy exact match {result["eval/accuracy"]:.1%} '
+          f'({int(result["eval/correct"])}/{int(result["eval/total"])}, '
+          f'95% CI {result["eval/ci_low"]:.1%}-{result["eval/ci_high"]:.1%})')

@@ -1,0 +1,2 @@
+"""Training machinery that every job's loop calls: steps, optimizers, LoRA,
+checkpoints, metrics."""

@@ -1,0 +1,60 @@
+"""Metrics: a JSONL file and TensorBoard event files in the workdir, and the
+count of XLA compilations (a recompiling step is a bug worth seeing)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import numpy as np
+
+_COMPILES = [0]
+
+
+def _count(event: str, duration: float, **kwargs) -> None:
+  del duration, kwargs
+  if event == '/jax/core/compile/backend_compile_duration':
+    _COMPILES[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count)
+
+
+def compilations() -> int:
+  """XLA compilations in this process so far."""
+  return _COMPILES[0]
+
+
+class Writer:
+  """Scalars per step to <workdir>/metrics.jsonl and TensorBoard (only the
+  coordinator writes)."""
+
+  def __init__(self, workdir: str, enabled: bool = True):
+    self.enabled = enabled
+    self.path = os.path.join(workdir, 'metrics.jsonl')
+    self._tb = None
+    if enabled:
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+
+  def write(self, step: int, scalars: dict[str, Any]) -> dict[str, float]:
+    values = {k: float(np.asarray(v)) for k, v in scalars.items()}
+    if self.enabled:
+      with open(self.path, 'a') as f:
+        f.write(json.dumps(dict(step=step, **values)) + '\n')
+      for k, v in values.items():
+        self._tb.add_scalar(k, v, step)
+      self._tb.flush()
+    return values
+
+  def close(self) -> None:
+    if self._tb is not None:
+      self._tb.close()
+
+
+def read(workdir: str) -> list[dict[str, float]]:
+  path = os.path.join(workdir, 'metrics.jsonl')
+  with open(path) as f:
+    return [json.loads(line) for line in f]

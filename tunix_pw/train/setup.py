@@ -1,0 +1,107 @@
+"""What every training job sets up before its loop: the policy (with LoRA
+when asked) on its mesh, the split into trainable and frozen state, and the
+held-out prompts."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from flax import nnx
+import jax
+
+from tunix_pw.data import formats
+from tunix_pw.data.builders import decode
+from tunix_pw.errors import UsageError
+from tunix_pw.models import checkpoints, lora, tokenizers
+from tunix_pw.models.decoder import Decoder
+from tunix_pw.models.config import ModelConfig
+from tunix_pw.models.tokenizers import Tokenizer
+from tunix_pw.train import checkpoint as checkpoint_lib
+import ml_collections
+
+
+def check_lora_block(block: Any) -> None:
+  if block.rank < 0 or (block.rank and block.alpha <= 0):
+    raise UsageError(f'--config.lora.rank={block.rank} must be >= 0 (0: off) '
+                     f'and alpha={block.alpha} positive.')
+
+
+def is_workdir(path: str) -> bool:
+  """A tunix_pw training workdir (its config snapshot and checkpoints)."""
+  return bool(path) and os.path.isdir(
+      os.path.join(path, checkpoint_lib.DIRECTORY)) and os.path.exists(
+          os.path.join(path, 'config.json'))
+
+
+def _trained_config(workdir: str) -> ml_collections.ConfigDict:
+  with open(os.path.join(workdir, 'config.json')) as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
+def tokenizer(block: Any) -> Tokenizer:
+  """The tokenizer for a model block: its own, its checkpoint's, a trained
+  workdir's, or the built-in character tokenizer."""
+  if block.tokenizer:
+    return tokenizers.load(block.tokenizer)
+  if is_workdir(block.checkpoint):
+    return tokenizer(_trained_config(block.checkpoint).model)
+  return tokenizers.load(block.checkpoint or 'char')
+
+
+def model_from_block(block: Any, *, seed: int, mesh: Any,
+                     rules: Any) -> tuple[Decoder, ModelConfig]:
+  """The model a model block names: a tunix_pw workdir's latest trained
+  weights (LoRA merged), a Hugging Face or Kaggle checkpoint, or a fresh
+  init of the preset."""
+  if not is_workdir(block.checkpoint):
+    return checkpoints.from_block(block, seed=seed, mesh=mesh, rules=rules)
+  trained = _trained_config(block.checkpoint)
+  model, cfg = policy(trained, mesh, rules)
+  graphdef, params, frozen = split(model, trained.lora.rank > 0)
+  params = checkpoint_lib.latest_params(block.checkpoint, params)
+  model = nnx.merge(graphdef, params, *([] if frozen is None else [frozen]))
+  lora.merge(model)
+  return model, cfg
+
+
+def policy(config: Any, mesh: Any,
+           rules: Any = None) -> tuple[Decoder, ModelConfig]:
+  """The model of `config.model`, on `mesh`, with LoRA adapters (and an int8
+  base for QLoRA) when `config.lora.rank` > 0."""
+  rules = config.sharding if rules is None else rules
+  model, cfg = model_from_block(config.model, seed=config.seed, mesh=mesh,
+                                rules=rules)
+  if config.lora.rank:
+    lora.apply(model, config.lora.targets, config.lora.rank,
+               config.lora.alpha, seed=config.seed,
+               quantize=config.lora.quantize)
+    # Adapters (and the int8 base) were made on one device: shard them like
+    # their base weights.
+    added = nnx.state(model, nnx.Any(lora.LoRAParam, lora.QuantizedBase))
+    nnx.update(model, jax.device_put(added, checkpoints.param_shardings(
+        added, mesh, rules)))
+  return model, cfg
+
+
+def split(model: nnx.Module, use_lora: bool):
+  """(graphdef, trainable, frozen): LoRA trains adapters only."""
+  if use_lora:
+    return nnx.split(model, lora.LoRAParam, ...)
+  graphdef, params = nnx.split(model)
+  return graphdef, params, None
+
+
+def heldout(name: str, source: Any, tokenizer: Tokenizer, count: int,
+            chat: bool) -> tuple[list[list[int]], list[str]]:
+  """The first `count` examples of a held-out split (a fixed set): prompts
+  as token ids and their reference answers."""
+  prompts, answers = [], []
+  for i in range(min(count, len(source))):
+    example = dict(decode(source[i]), index=i)
+    prompt, _ = formats.prompt_and_answer(name, example)
+    prompts.append(tokenizer.encode(
+        formats.render_prompt(prompt, tokenizer, chat), add_bos=True))
+    answers.append(formats.reference_answer(name, example))
+  return prompts, answers

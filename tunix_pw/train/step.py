@@ -1,0 +1,116 @@
+"""The train step: gradient accumulation over micro batches, then one
+optimizer update, jitted with the state donated.
+
+A loss function returns sums over its micro batch (the loss summed over
+tokens or examples, plus metric sums) and the count it normalises by
+('weight': target tokens for token losses, examples for preference losses).
+The step divides the accumulated sums by the total weight of the whole
+batch, so 4 micro batches with unequal token counts give exactly the update
+of one full batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import optax
+
+LossFn = Callable[[Any, dict[str, jax.Array], jax.Array],
+                  tuple[jax.Array, dict[str, jax.Array]]]
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array  # int32 scalar
+  params: Any  # the trainable parameters (an nnx.State)
+  opt_state: Any
+  rng: jax.Array  # uint32 key data
+
+  @classmethod
+  def create(cls, params, optimizer: optax.GradientTransformation,
+             seed: int) -> 'TrainState':
+    return cls(jnp.int32(0), params, optimizer.init(params),
+               jax.random.key_data(jax.random.key(seed)))
+
+
+def micro_batches(batch: dict[str, jax.Array], count: int) -> dict[str, Any]:
+  """[B, ...] -> [count, B // count, ...], micro batch m taking rows m,
+  m + count, ...: each micro batch stays spread over every data shard."""
+  def split(x):
+    rows = x.shape[0]
+    if rows % count:
+      raise ValueError(f'{rows} rows do not split into {count} micro batches')
+    return x.reshape((rows // count, count) + x.shape[1:]).swapaxes(0, 1)
+  return jax.tree.map(split, batch)
+
+
+def token_nll(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array,
+              segment_ids: jax.Array) -> tuple[jax.Array, ...]:
+  """Next-token negative log-likelihood on masked targets, per position
+  [B, T-1]; a target counts when it is masked in and in the same segment as
+  its predecessor (packed rows). Returns (nll, weight, correct)."""
+  logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32))
+  targets = tokens[:, 1:]
+  nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+  weight = (loss_mask[:, 1:] * (segment_ids[:, 1:] == segment_ids[:, :-1]) *
+            (segment_ids[:, 1:] > 0)).astype(jnp.float32)
+  correct = (jnp.argmax(logp, axis=-1) == targets).astype(jnp.float32)
+  return nll, weight, correct
+
+
+def make_step(graphdef: nnx.GraphDef, frozen: Any, loss_fn: LossFn,
+              optimizer: optax.GradientTransformation, schedule: Callable,
+              num_micro_batches: int, shardings: Any = None):
+  """A jitted `step(state, batch) -> (state, metrics)`.
+
+  `loss_fn(model, micro_batch, rng) -> (loss_sum, sums)` sees the model
+  merged from the trainable params and `frozen` (the rest of the state, e.g.
+  a LoRA base; split in that order); `sums` must hold 'weight'."""
+
+  def compute(params, batch, rng):
+    state = (params,) if frozen is None else (params, frozen)
+    return loss_fn(nnx.merge(graphdef, *state), batch, rng)
+
+  grad_fn = jax.value_and_grad(compute, has_aux=True)
+
+  def step(state: TrainState, batch: dict[str, jax.Array]):
+    rng = jax.random.wrap_key_data(state.rng)
+    rng, step_rng = jax.random.split(rng)
+    micro = micro_batches(batch, num_micro_batches)
+    keys = jax.random.split(step_rng, num_micro_batches)
+
+    def accumulate(carry, xs):
+      grads, loss, sums = carry
+      mb, key = xs
+      (mb_loss, mb_sums), mb_grads = grad_fn(state.params, mb, key)
+      return (jax.tree.map(jnp.add, grads, mb_grads), loss + mb_loss,
+              jax.tree.map(jnp.add, sums, mb_sums)), None
+
+    zero_grads = jax.tree.map(jnp.zeros_like, state.params)
+    first_sums = jax.eval_shape(compute, state.params,
+                                jax.tree.map(lambda x: x[0], micro),
+                                keys[0])[1]
+    zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                             first_sums)
+    (grads, loss, sums), _ = jax.lax.scan(
+        accumulate, (zero_grads, jnp.float32(0), zero_sums), (micro, keys))
+    weight = jnp.maximum(sums['weight'], 1.0)
+    grads = jax.tree.map(lambda g: g / weight, grads)
+    updates, opt_state = optimizer.update(grads, state.opt_state,
+                                          state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {k: v / weight for k, v in sums.items() if k != 'weight'}
+    metrics.update(loss=loss / weight, weight=sums['weight'],
+                   grad_norm=optax.global_norm(grads),
+                   learning_rate=schedule(state.step))
+    new = TrainState(state.step + 1, params, opt_state,
+                     jax.random.key_data(rng))
+    return new, metrics
+
+  return jax.jit(step, donate_argnums=0,
+                 out_shardings=(shardings, None) if shardings else None)
