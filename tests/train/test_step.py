@@ -1,0 +1,78 @@
+"""The train step: gradient accumulation equals the full batch; preference
+losses equal hand computations of the published formulas."""
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from tunix_pw.data import pipeline
+from tunix_pw.jobs.sft import sft_loss
+from tunix_pw.models import checkpoints, presets
+from tunix_pw.train import losses, step as step_lib
+
+
+def batch_with_unequal_tokens():
+  """8 rows whose target counts differ, so micro batches of 2 rows carry
+  unequal token counts."""
+  rng = np.random.default_rng(0)
+  rows = []
+  for n, answer in zip(range(6, 14), range(1, 9)):
+    tokens = rng.integers(4, 120, n)
+    mask = np.r_[np.zeros(n - answer), np.ones(answer)]
+    rows.append(dict(tokens=tokens, loss_mask=mask))
+  return pipeline.pad_batch(rows, 16, 0)
+
+
+def one_update(micro_batches: int):
+  model = checkpoints.init(presets.PRESETS['tiny-gemma2'], seed=0)
+  graphdef, params = nnx.split(model)
+  optimizer = optax.sgd(0.5)
+  state = step_lib.TrainState.create(params, optimizer, 0)
+  step = step_lib.make_step(graphdef, None, sft_loss, optimizer,
+                            lambda s: 0.5, micro_batches)
+  state, metrics = step(state, jax.tree.map(jnp.asarray,
+                                            batch_with_unequal_tokens()))
+  return state.params, metrics
+
+
+def test_accumulation_over_4_micro_batches_equals_one_batch():
+  batch = batch_with_unequal_tokens()
+  per_micro = [int(batch['loss_mask'][m::4, 1:].sum()) for m in range(4)]
+  assert len(set(per_micro)) > 1  # really unequal
+  full, full_metrics = one_update(1)
+  accumulated, accumulated_metrics = one_update(4)
+  np.testing.assert_allclose(full_metrics['loss'],
+                             accumulated_metrics['loss'], rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(accumulated)):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+  assert float(full_metrics['weight']) == sum(per_micro)
+
+
+def test_dpo_and_ipo_equal_hand_computation():
+  # DPO (Rafailov et al. 2023, eq. 7): -log sigmoid(beta * margin);
+  # IPO (Azar et al. 2023, eq. 17): (margin - 1 / (2 beta))^2.
+  pc, pr = jnp.array([-3.0, -5.0]), jnp.array([-4.0, -2.0])
+  rc, rr = jnp.array([-3.5, -4.0]), jnp.array([-3.5, -3.0])
+  beta = 0.5
+  margins = np.array([(-3 + 4) - (-3.5 + 3.5), (-5 + 2) - (-4 + 3)])
+  np.testing.assert_allclose(
+      losses.dpo(pc, pr, rc, rr, beta),
+      np.log1p(np.exp(-beta * margins)), rtol=1e-6)
+  np.testing.assert_allclose(losses.ipo(pc, pr, rc, rr, beta),
+                             (margins - 1 / (2 * beta)) ** 2, rtol=1e-6)
+
+
+def test_orpo_equals_hand_computation():
+  # ORPO (Hong et al. 2024, eq. 6-7): L_SFT + lambda * L_OR, with
+  # odds(p) = p / (1 - p) of the mean per-token likelihood.
+  chosen_sum, chosen_n = jnp.array([-2.0]), jnp.array([4.0])
+  rejected_sum, rejected_n = jnp.array([-6.0]), jnp.array([3.0])
+  lam = 0.2
+  pc, pr = np.exp(-0.5), np.exp(-2.0)
+  odds = lambda p: p / (1 - p)
+  expected = 0.5 + lam * -np.log(1 / (1 + odds(pr) / odds(pc)))
+  np.testing.assert_allclose(
+      losses.orpo(chosen_sum, chosen_n, rejected_sum, rejected_n, lam),
+      [expected], rtol=1e-6)
