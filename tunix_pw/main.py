@@ -168,7 +168,7 @@ def check_resume(config: ml_collections.ConfigDict, workdir: epath.Path):
 
 def _static_checks(config: ml_collections.ConfigDict):
   job = jobs.get(config.job)
-  meshes.check(config.meshes)
+  meshes.check(config.meshes)  # the job's (a pipeline's stages have theirs)
   job.validate(config)
   if not _WORKDIR.value:
     raise UsageError('--workdir is required (checkpoints, metrics and the '

@@ -96,11 +96,13 @@ def data(name: str = 'arithmetic', **arithmetic) -> ml_collections.ConfigDict:
 
 def optimizer(learning_rate: float = 1e-4, warmup_steps: int = 10,
               schedule: str = 'cosine') -> ml_collections.ConfigDict:
-  """AdamW (or SGD) with warmup then constant or cosine decay, and gradient
-  clipping by global norm (0: off)."""
+  """AdamW (or SGD) with warmup then constant or cosine decay (over
+  decay_steps; 0: the run's steps), and gradient clipping by global norm
+  (0: off)."""
   return ml_collections.ConfigDict(dict(
       name='adamw', learning_rate=learning_rate, warmup_steps=warmup_steps,
-      schedule=schedule, end_fraction=0.1, b1=0.9, b2=0.99, eps=1e-8,
+      schedule=schedule, decay_steps=0, end_fraction=0.1, b1=0.9, b2=0.99,
+      eps=1e-8,
       weight_decay=0.0, clip_norm=1.0))
 
 

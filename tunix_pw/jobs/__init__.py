@@ -17,6 +17,8 @@ _JOBS = {
     'dpo': 'tunix_pw.jobs.dpo',
     'eval': 'tunix_pw.jobs.eval',
     'generate': 'tunix_pw.jobs.generate',
+    'grpo': 'tunix_pw.jobs.grpo',
+    'pipeline': 'tunix_pw.jobs.pipeline',
     'sft': 'tunix_pw.jobs.sft',
     'smoke': 'tunix_pw.jobs.smoke',
 }

@@ -25,8 +25,10 @@ def check(block: Any, prefix: str = '--config.optimizer') -> None:
 
 def make(block: Any, total_steps: int):
   """(optimizer, schedule): warmup then constant or cosine decay to
-  `end_fraction` of the peak, gradient clipping by global norm."""
+  `end_fraction` of the peak over `decay_steps` (default: the run's
+  steps), gradient clipping by global norm."""
   peak = block.learning_rate
+  total_steps = block.get('decay_steps') or total_steps
   warmup = min(block.warmup_steps, max(total_steps - 1, 0))
   if block.schedule == 'cosine':
     schedule = optax.warmup_cosine_decay_schedule(

@@ -1,0 +1,90 @@
+"""GRPO and its variants: GRPO, DAPO, Dr. GRPO, GSPO-token.
+
+  python -m tunix_pw.main --config=tunix_pw/configs/grpo.py:runlocal \
+      --workdir=/tmp/grpo
+  python -m tunix_pw.main --config=tunix_pw/configs/grpo.py:runlocal,dapo \
+      --workdir=/tmp/dapo
+  python -m tunix_pw.main --config=tunix_pw/configs/grpo.py:gemma2-2b \
+      --config.model.checkpoint=/ckpt/gemma-2-2b-it --config.data.name=gsm8k \
+      --config.data.manual_dir=/data/gsm8k --workdir=gs://bucket/grpo
+
+arg: `<model preset or runlocal>[,<variant>]`, variant one of grpo, dapo,
+drgrpo, gspo (default grpo). A variant is only a set of the registered
+functions and settings below; every field can be overridden.
+"""
+
+import ml_collections
+
+from tunix_pw.configs import common
+
+VARIANTS = {
+    # DeepSeekMath GRPO: group-standardised advantages, clipped ratio, k3 KL.
+    'grpo': dict(advantage='grpo', policy_loss='ppo_clip', eps_low=0.2,
+                 eps_high=0.2, aggregation='sequence-mean-token-mean',
+                 kl='k3', kl_beta=0.04, dynamic_sampling=False),
+    # DAPO: clip-higher, token-mean, no KL, overlong shaping, dynamic
+    # sampling.
+    'dapo': dict(advantage='grpo', policy_loss='ppo_clip', eps_low=0.2,
+                 eps_high=0.28, aggregation='token-mean', kl='k3',
+                 kl_beta=0.0, dynamic_sampling=True,
+                 rewards='exact_answer:1.0,format:0.1,overlong:0.5'),
+    # Dr. GRPO: no std division, no length normalisation, no KL.
+    'drgrpo': dict(advantage='drgrpo', policy_loss='ppo_clip', eps_low=0.2,
+                   eps_high=0.2, aggregation='sequence-mean-token-scale',
+                   kl='k3', kl_beta=0.0, dynamic_sampling=False),
+    # GSPO-token: sequence-level ratios carried per token, tight clipping.
+    'gspo': dict(advantage='grpo', policy_loss='gspo_token', eps_low=3e-4,
+                 eps_high=4e-4, aggregation='sequence-mean-token-mean',
+                 kl='k3', kl_beta=0.0, dynamic_sampling=False),
+}
+
+
+def rl_block(variant: str, local: bool) -> ml_collections.ConfigDict:
+  block = dict(
+      variant=variant,
+      num_generations=8,  # G
+      prompts_per_step=8 if local else 32,
+      mini_batch_size=64 if local else 256,  # samples per optimizer update
+      micro_batch_size=16 if local else 32,  # samples per gradient pass
+      logps_micro_batch_size=32 if local else 64,
+      num_iterations=1,  # updates per rollout (importance ratios when > 1)
+      rewards='exact_answer:1.0,format:0.1',
+      strict_rewards=False,  # a failing reward stops the run
+      refill_rounds=2,  # DAPO: prompt batches drawn to replace dropped groups
+      max_prompt_length=12 if local else 256,
+      max_new_tokens=6 if local else 512,
+      temperature=1.0, top_p=1.0, top_k=0)
+  block.update(VARIANTS[variant])
+  return ml_collections.ConfigDict(block)
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  preset, _, variant = (arg or 'runlocal').partition(',')
+  variant = variant or 'grpo'
+  if variant not in VARIANTS:
+    raise ValueError(f'unknown variant {variant!r}; use one of '
+                     f'{", ".join(VARIANTS)}')
+  local = preset in ('', 'runlocal')
+  c = ml_collections.ConfigDict()
+  c.job = 'grpo'
+  c.seed = 0
+  c.model = common.model('tiny-gemma' if local else preset)
+  c.lora = common.lora()
+  c.data = common.data('arithmetic' if local else 'gsm8k')
+  c.rl = rl_block(variant, local)
+  c.optimizer = common.optimizer(learning_rate=1e-4 if local else 1e-6,
+                                 warmup_steps=0, schedule='constant')
+  c.steps = 20 if local else 500
+  c.log_every = 1
+  c.eval_every = 0  # 0: at the start and the end only
+  c.eval_examples = 500
+  c.eval_batch_size = 100 if local else 64
+  c.checkpoint = common.checkpointing(every=10 if local else 50)
+  c.runtime = common.runtime(host_device_count=8 if local else 0)
+  c.meshes = common.meshes(
+      'disaggregated',
+      actor=('fsdp=4', '0:4') if local else ('fsdp=-1', '0%:50%'),
+      reference=('fsdp=4', 'actor') if local else ('fsdp=-1', 'actor'),
+      rollout=('fsdp=1,tp=4', '4:8') if local else ('tp=-1', '50%:100%'))
+  c.sharding = common.sharding()
+  return c

@@ -1,0 +1,124 @@
+"""The GRPO family's math: advantages, policy losses, loss aggregation and
+KL estimators, as small registered functions of arrays.
+
+Shapes: rewards [P, G] (P prompts, G generations each); per-token arrays
+[N, T] over N = P * G sequences, `mask` marking completion tokens.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from tunix_pw.rl.registry import register
+
+EPS = 1e-6
+
+
+# ---------------------------------------------------------------- advantages
+
+
+@register('advantage', 'grpo')
+def grpo_advantage(rewards: jax.Array) -> jax.Array:
+  """DeepSeekMath (arXiv 2402.03300, eq. 3): (r - mean) / std per group."""
+  mean = rewards.mean(axis=1, keepdims=True)
+  std = rewards.std(axis=1, keepdims=True)
+  return (rewards - mean) / (std + EPS)
+
+
+@register('advantage', 'drgrpo')
+def drgrpo_advantage(rewards: jax.Array) -> jax.Array:
+  """Dr. GRPO (arXiv 2503.20783): r - mean, without the std division."""
+  return rewards - rewards.mean(axis=1, keepdims=True)
+
+
+@register('advantage', 'rloo')
+def rloo_advantage(rewards: jax.Array) -> jax.Array:
+  """RLOO (Ahmadian et al. 2024): r_i minus the mean of the others."""
+  g = rewards.shape[1]
+  others = (rewards.sum(axis=1, keepdims=True) - rewards) / (g - 1)
+  return rewards - others
+
+
+# ------------------------------------------------------------ policy losses
+
+
+@register('policy_loss', 'ppo_clip')
+def ppo_clip(logp, old_logp, advantages, mask, eps_low: float,
+             eps_high: float):
+  """PPO's clipped surrogate per token, with separate low/high epsilons
+  (DAPO's clip-higher, arXiv 2503.14476, eq. 8). Returns (loss [N, T],
+  clipped [N, T])."""
+  ratio = jnp.exp(logp - old_logp)
+  adv = advantages[:, None]
+  unclipped = ratio * adv
+  clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+  del mask
+  return -jnp.minimum(unclipped, clipped), (clipped < unclipped)
+
+
+@register('policy_loss', 'gspo_token')
+def gspo_token(logp, old_logp, advantages, mask, eps_low: float,
+               eps_high: float):
+  """GSPO-token (arXiv 2507.18071, eq. 13-14): the sequence's length-
+  normalised ratio s_i, carried per token as sg[s_i] * pi / sg[pi], clipped
+  at the sequence level."""
+  log_ratio = ((logp - old_logp) * mask).sum(-1) / jnp.maximum(
+      mask.sum(-1), 1.0)
+  seq = jnp.exp(jax.lax.stop_gradient(log_ratio))[:, None]
+  ratio = seq * jnp.exp(logp - jax.lax.stop_gradient(logp))
+  adv = advantages[:, None]
+  unclipped = ratio * adv
+  clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+  return -jnp.minimum(unclipped, clipped), (clipped < unclipped)
+
+
+# -------------------------------------------------------------- aggregation
+# Each returns (loss summed over this batch, the count it is normalised by):
+# the train step sums both over micro batches before dividing.
+
+
+@register('aggregation', 'token-mean')
+def token_mean(per_token, mask, weights, max_length):
+  """DAPO: every token counts the same across the batch."""
+  del max_length
+  m = mask * weights[:, None]
+  return (per_token * m).sum(), m.sum()
+
+
+@register('aggregation', 'sequence-mean-token-mean')
+def sequence_mean_token_mean(per_token, mask, weights, max_length):
+  """GRPO: the mean over tokens per sequence, then over sequences."""
+  del max_length
+  per_seq = (per_token * mask).sum(-1) / jnp.maximum(mask.sum(-1), 1.0)
+  return (per_seq * weights).sum(), weights.sum()
+
+
+@register('aggregation', 'sequence-mean-token-scale')
+def sequence_mean_token_scale(per_token, mask, weights, max_length):
+  """Dr. GRPO: token sums divided by a constant (the generation budget),
+  then the mean over sequences: no length bias."""
+  per_seq = (per_token * mask).sum(-1) / max_length
+  return (per_seq * weights).sum(), weights.sum()
+
+
+# ------------------------------------------------------------ KL estimators
+# Schulman's estimators of KL(pi || ref) from samples of pi
+# (http://joschu.net/blog/kl-approx.html); d = ref_logp - logp.
+
+
+@register('kl', 'k1')
+def kl_k1(logp, ref_logp):
+  return logp - ref_logp
+
+
+@register('kl', 'k2')
+def kl_k2(logp, ref_logp):
+  return 0.5 * (logp - ref_logp) ** 2
+
+
+@register('kl', 'k3')
+def kl_k3(logp, ref_logp):
+  """The low-variance estimator GRPO uses (arXiv 2402.03300, eq. 4)."""
+  d = ref_logp - logp
+  return jnp.exp(d) - d - 1.0

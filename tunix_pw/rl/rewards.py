@@ -1,0 +1,128 @@
+"""Reward functions, registered by name and combined with weights.
+
+A reward function sees one sample: `fn(sample) -> float` with
+`sample = Sample(prompt, completion, answer, length, budget)`. A function
+that raises or returns NaN is reported with the offending sample and scores
+0 for it, unless the run is configured to stop on reward errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+import dataclasses
+import logging
+import math
+import re
+
+import numpy as np
+
+from tunix_pw.errors import UsageError
+from tunix_pw.rl import registry
+from tunix_pw.rl.registry import register
+
+_NUMBER = re.compile(r'-?\d[\d,]*(?:\.\d+)?')
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+  prompt: str
+  completion: str
+  answer: str
+  length: int  # generated tokens
+  budget: int  # max new tokens
+  truncated: bool  # hit the budget without a stop token
+
+
+def _number(text: str) -> float | None:
+  match = _NUMBER.findall(text)
+  if not match:
+    return None
+  try:
+    return float(match[-1].replace(',', ''))
+  except ValueError:
+    return None
+
+
+@register('reward', 'exact_answer')
+def exact_answer(sample: Sample) -> float:
+  """1 when the completion's (last) number equals the reference number."""
+  got, want = _number(sample.completion), _number(sample.answer)
+  return float(got is not None and want is not None and got == want)
+
+
+@register('reward', 'digits')
+def digits(sample: Sample) -> float:
+  """Partial credit for arithmetic: the fraction of the reference's digits
+  the completion gets right, aligned from the last digit (a dense signal
+  while exact answers are still rare)."""
+  got = re.sub(r'\D', '', sample.completion)
+  want = re.sub(r'\D', '', sample.answer)
+  if not want:
+    return 0.0
+  hits = sum(a == b for a, b in zip(reversed(got), reversed(want)))
+  return hits / max(len(want), len(got))
+
+
+@register('reward', 'format')
+def format_reward(sample: Sample) -> float:
+  """1 when the completion is a bare number that ended with a stop token."""
+  return float(bool(re.fullmatch(r'\s*-?\d[\d,]*(\.\d+)?\s*',
+                                 sample.completion)) and
+               not sample.truncated)
+
+
+@register('reward', 'overlong')
+def overlong(sample: Sample) -> float:
+  """DAPO's soft overlong punishment (arXiv 2503.14476, eq. 13): 0 up to
+  budget - cache, then linearly down to -1 at the budget; -1 when
+  truncated. The cache is a quarter of the budget."""
+  cache = max(sample.budget // 4, 1)
+  if sample.truncated:
+    return -1.0
+  if sample.length <= sample.budget - cache:
+    return 0.0
+  return (sample.budget - cache - sample.length) / cache
+
+
+def parse_weights(spec: str, field: str = '--config.rl.rewards'
+                  ) -> list[tuple[str, float]]:
+  """'exact_answer:1,format:0.1' -> [(name, weight), ...], names checked."""
+  out = []
+  for part in (p.strip() for p in spec.split(',') if p.strip()):
+    name, _, weight = part.partition(':')
+    registry.check('reward', name, field)
+    try:
+      out.append((name, float(weight or 1.0)))
+    except ValueError:
+      raise UsageError(f'{field}: weight {weight!r} of {name!r} is not a '
+                       'number.') from None
+  if not out:
+    raise UsageError(f'{field} names no reward function.')
+  return out
+
+
+def score(samples: Sequence[Sample], weights: list[tuple[str, float]],
+          strict: bool) -> tuple[np.ndarray, dict[str, np.ndarray], int]:
+  """(total reward [N], per-function rewards, errors). A raising or NaN
+  reward is logged with its sample and scores 0, or raises when strict."""
+  per_fn, errors = {}, 0
+  for name, _ in weights:
+    fn = registry.get('reward', name)
+    values = np.zeros(len(samples), np.float32)
+    for i, sample in enumerate(samples):
+      try:
+        value = float(fn(sample))
+        if math.isnan(value):
+          raise ValueError('returned NaN')
+      except Exception as e:  # pylint: disable=broad-exception-caught
+        if strict:
+          raise RuntimeError(f'reward {name!r} failed on sample {sample}: '
+                             f'{e}') from e
+        errors += 1
+        logging.warning('reward %r failed (%s: %s) on %s; scored 0', name,
+                        type(e).__name__, e, sample)
+        value = 0.0
+      values[i] = value
+    per_fn[name] = values
+  total = sum(w * per_fn[name] for name, w in weights)
+  return np.asarray(total, np.float32), per_fn, errors
