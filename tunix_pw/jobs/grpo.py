@@ -285,6 +285,9 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
       clock = time.perf_counter()
       sampler.update_weights(state.params)
       timer['weight_sync'] = time.perf_counter() - clock
+      if step == start and runtime.is_coordinator and sampler.last_sync:
+        print(f'grpo: weight sync by {sampler.last_sync.path}, '
+              f'{sampler.last_sync.bytes / 2**20:.1f} MiB', flush=True)
 
       values = dict(step_metrics, **{f'time/{k}': v for k, v in timer.items()},
                     **{k: v for k, v in counts.items()})
@@ -299,6 +302,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
           response_length=float(np.mean([len(c) for g in real
                                          for c in g.completions] or [0])),
           rollout_tokens_per_s=counts['generated'] / timer['rollout'],
+          sync_bytes=sampler.last_sync.bytes if sampler.last_sync else 0,
           compilations=metrics.compilations(),
           **{f'reward/{name}': float(np.concatenate(
               [g.per_reward[name] for g in real]).mean()) if real else 0.0

@@ -65,7 +65,12 @@ class CharTokenizer:
   stop_ids = (2,)
 
   def encode(self, text: str, add_bos: bool = False) -> list[int]:
-    ids = [ord(c) if 4 <= ord(c) < 128 else self.unk_id for c in text]
+    try:  # the common case, at C speed: ASCII text
+      ids = list(text.encode('ascii'))
+    except UnicodeEncodeError:
+      ids = [ord(c) if ord(c) < 128 else self.unk_id for c in text]
+    if ids and min(ids) < 4:  # control characters 0-3 would alias specials
+      ids = [i if i >= 4 else self.unk_id for i in ids]
     return [self.bos_id] + ids if add_bos else ids
 
   def decode(self, ids: Sequence[int]) -> str:

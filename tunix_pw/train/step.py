@@ -18,6 +18,7 @@ import flax
 from flax import nnx
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 import optax
 
 LossFn = Callable[[Any, dict[str, jax.Array], jax.Array],
@@ -34,8 +35,17 @@ class TrainState:
   @classmethod
   def create(cls, params, optimizer: optax.GradientTransformation,
              seed: int) -> 'TrainState':
-    return cls(jnp.int32(0), params, optimizer.init(params),
-               jax.random.key_data(jax.random.key(seed)))
+    state = cls(jnp.int32(0), params, optimizer.init(params),
+                jax.random.key_data(jax.random.key(seed)))
+    # Scalars (step, RNG, optimizer counts) replicated on the parameters'
+    # mesh: committed like the rest, so a restored state fits the step.
+    first = jax.tree.leaves(params)[0].sharding
+    if not isinstance(first, NamedSharding):
+      return state
+    replicated = NamedSharding(first.mesh, PartitionSpec())
+    return jax.tree.map(
+        lambda x: x if isinstance(x.sharding, NamedSharding)
+        else jax.device_put(x, replicated), state)
 
 
 def micro_batches(batch: dict[str, jax.Array], count: int) -> dict[str, Any]:

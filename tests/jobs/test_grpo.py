@@ -1,0 +1,165 @@
+"""GRPO and its variants through main: pulses in both layouts, clipping
+with num_iterations=2, dynamic sampling, LoRA syncing adapters only,
+bit-identical resume; weight sync makes the rollout engine the actor."""
+
+import os
+import signal
+import subprocess
+import sys
+
+from flax import nnx
+import jax
+from jax.sharding import Mesh
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from tests import helpers
+from tunix_pw.configs import common
+from tunix_pw.models import checkpoints, presets
+from tunix_pw.runtime import backend
+from tunix_pw.sampling.rollout import SamplingConfig
+from tunix_pw.sampling.sampler import Sampler
+from tunix_pw.train import metrics
+
+COLLOCATED = ['--config.meshes.layout=collocated',
+              '--config.meshes.actor.axes=fsdp=8',
+              '--config.meshes.actor.devices=all',
+              '--config.meshes.reference.axes=fsdp=8',
+              '--config.meshes.rollout.axes=fsdp=1,tp=8',
+              '--config.meshes.rollout.devices=all']
+PULSE = ['--config.steps=2', '--config.eval_examples=0',
+         '--config.checkpoint.every=0']
+
+
+def run_grpo(arg, *extra, workdir, wrapper=None, **env):
+  args = [f'--config=tunix_pw/configs/grpo.py:{arg}', *extra,
+          f'--workdir={workdir}']
+  if wrapper is None:
+    return helpers.run_main(*args, **env)
+  return subprocess.run([sys.executable, '-c', wrapper, *args],
+                        cwd=helpers.ROOT, env=helpers.env(**env),
+                        capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize('variant', ['grpo', 'dapo', 'drgrpo', 'gspo'])
+@pytest.mark.parametrize('layout', ['disaggregated', 'collocated'])
+def test_two_step_pulse(tmp_path, variant, layout):
+  extra = COLLOCATED if layout == 'collocated' else []
+  result = run_grpo(f'runlocal,{variant}', *PULSE, *extra, workdir=tmp_path)
+  assert result.returncode == 0, result.stderr[-3000:]
+  logged = [m for m in metrics.read(str(tmp_path)) if 'loss' in m]
+  assert [m['step'] for m in logged] == [1, 2]
+  assert all(np.isfinite(m['loss']) for m in logged)
+  path = 'two_hop'  # one controller: same-process devices on both sides
+  assert f'weight sync by {path}' in result.stdout
+  for key in ('time/rollout', 'time/logps', 'time/train', 'time/weight_sync',
+              'entropy', 'kl', 'clip_fraction', 'reward_mean',
+              'response_length', 'kept_group_fraction',
+              'rollout_tokens_per_s', 'compilations'):
+    assert key in logged[-1], key
+
+
+SPLIT_REWARD = '''
+import runpy, sys
+from tunix_pw.rl.registry import register
+
+@register('reward', 'odd_prompts_equal')
+def odd_prompts_equal(sample):
+  """Equal rewards (an uninformative group) for prompts starting with an
+  odd digit; otherwise a reward that varies with the completion."""
+  if int(sample.prompt.lstrip()[0]) % 2:
+    return 0.0
+  return float(len(sample.completion) % 2) + 0.1 * len(sample.completion)
+
+@register('reward', 'constant')
+def constant(sample):
+  return 1.0
+
+@register('reward', 'by_length')
+def by_length(sample):
+  """Varies between a random model's completions: advantages to learn."""
+  return float(len(sample.completion.strip()))
+
+sys.argv = ['main'] + sys.argv[1:]
+runpy.run_module('tunix_pw.main', run_name='__main__')
+'''
+
+
+def test_num_iterations_two_clips(tmp_path):
+  result = run_grpo('runlocal', *PULSE, '--config.rl.num_iterations=2',
+                    '--config.rl.mini_batch_size=32',
+                    '--config.rl.rewards=by_length:1',
+                    '--config.optimizer.learning_rate=1e-2',
+                    workdir=tmp_path, wrapper=SPLIT_REWARD)
+  assert result.returncode == 0, result.stderr[-3000:]
+  logged = [m for m in metrics.read(str(tmp_path)) if 'loss' in m]
+  assert max(m['clip_fraction'] for m in logged) > 0
+
+
+def test_dynamic_sampling_drops_refills_and_pads(tmp_path):
+  args = ['runlocal,dapo', *PULSE]
+  mixed = run_grpo(*args, '--config.rl.rewards=odd_prompts_equal:1',
+                   workdir=tmp_path / 'mixed', wrapper=SPLIT_REWARD)
+  assert mixed.returncode == 0, mixed.stderr[-3000:]
+  for m in metrics.read(str(tmp_path / 'mixed')):
+    assert m['dropped'] > 0 and m['rounds'] >= 1  # dropped, then refilled
+    assert m['kept_group_fraction'] < 1
+  flat = run_grpo(*args, '--config.rl.rewards=constant:1',
+                  '--config.rl.refill_rounds=2', workdir=tmp_path / 'flat',
+                  wrapper=SPLIT_REWARD)
+  assert flat.returncode == 0, flat.stderr[-3000:]
+  for m in metrics.read(str(tmp_path / 'flat')):
+    # Every group equal: 3 batches of 8 prompts dropped, all 8 slots padded.
+    assert (m['dropped'], m['rounds'], m['padded']) == (24, 2, 8)
+    assert m['loss'] == 0 and m['kept_group_fraction'] == 0
+
+
+def test_lora_syncs_adapters_only(tmp_path):
+  full = run_grpo('runlocal', *PULSE, workdir=tmp_path / 'full')
+  adapters = run_grpo('runlocal', *PULSE, '--config.lora.rank=4',
+                      workdir=tmp_path / 'lora')
+  assert full.returncode == 0 and adapters.returncode == 0, \
+      adapters.stderr[-3000:]
+  full_bytes = metrics.read(str(tmp_path / 'full'))[-1]['sync_bytes']
+  lora_bytes = metrics.read(str(tmp_path / 'lora'))[-1]['sync_bytes']
+  assert 0 < lora_bytes < full_bytes / 5
+
+
+def test_resume_after_sigkill_is_bit_identical(tmp_path):
+  args = ['runlocal', '--config.steps=6', '--config.eval_examples=0',
+          '--config.checkpoint.every=2']
+  straight = run_grpo(*args, workdir=tmp_path / 'straight')
+  assert straight.returncode == 0, straight.stderr[-3000:]
+  killed = run_grpo(*args, workdir=tmp_path / 'killed',
+                    TUNIX_PW_KILL_AT_STEP='3')
+  assert killed.returncode == -signal.SIGKILL
+  resumed = run_grpo(*args, workdir=tmp_path / 'killed')
+  assert resumed.returncode == 0 and 'resumed from step 2' in resumed.stdout
+  restore = lambda d: jax.tree.leaves(ocp.StandardCheckpointer().restore(
+      str(tmp_path / d / 'checkpoints' / '6' / 'state')))
+  for a, b in zip(restore('straight'), restore('killed')):
+    np.testing.assert_array_equal(a, b)
+  assert os.listdir(tmp_path / 'killed' / 'tensorboard')
+
+
+def test_after_a_sync_the_rollout_engine_is_the_actor():
+  devices = jax.devices()
+  actor = Mesh(np.array(devices[:4]), ('fsdp',))
+  rollout = Mesh(np.array(devices[4:]).reshape(1, 4), ('fsdp', 'tp'))
+  rules = common.sharding()
+  runtime = backend.Runtime(backend.LOCAL, 'test', 0, 1, tuple(devices))
+  cfg = presets.PRESETS['tiny-gemma2']
+  policy = checkpoints.init(cfg, seed=0, mesh=actor, rules=rules)
+  start = checkpoints.init(cfg, seed=1, mesh=rollout, rules=rules)
+  engine = Sampler(start, pad_id=0, eos_ids=(), mesh=rollout, rules=rules,
+                   runtime=runtime)
+  # Training moved the actor: new weights, as after a step.
+  nnx.update(policy, jax.tree.map(lambda x: x * 1.5, nnx.state(policy)))
+  engine.update_weights(nnx.state(policy))
+  assert engine.last_sync.path == 'two_hop'
+  own = Sampler(policy, pad_id=0, eos_ids=(), mesh=actor, rules=rules)
+  prompts = [[5, 6, 7], [8, 9, 10, 11], [3] * 6, [70, 71]]
+  greedy = SamplingConfig(max_new_tokens=8, greedy=True)
+  np.testing.assert_array_equal(engine.generate(prompts, greedy).tokens,
+                                own.generate(prompts, greedy).tokens)
