@@ -2,6 +2,8 @@ r"""Entry point of every tunix_pw job.
 
   python -m tunix_pw.main --config=tunix_pw/configs/smoke.py[:arg] \
       [--config.a.b=value ...] --workdir=DIR
+  python -m tunix_pw.main --config=... --compile_topology=v5p-512 \
+      [--compile_num_slices=N]   # does the job fit? (no TPU needed)
 
 Exit codes: 0 done; 2 bad config, usage or input (one sentence on stderr,
 no traceback); 42 preempted after a checkpoint (XPK restarts on it); anything
@@ -25,15 +27,15 @@ import jax
 import ml_collections
 from ml_collections import config_flags
 
-from tunix_pw import jobs
+from tunix_pw import compile_only, errors, jobs
 from tunix_pw.errors import UsageError
 from tunix_pw.runtime import backend, meshes
 from tunix_pw.runtime.preemption import EXIT_PREEMPTED, Preempted, Preemption
 
-_CONFIG = config_flags.DEFINE_config_file(
+CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file and optional arg: path.py[:arg].',
     lock_config=True)
-_WORKDIR = flags.DEFINE_string(
+WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Job directory: config snapshot, checkpoints, metrics. '
     'A run into an existing workdir resumes it.')
 _COORDINATOR = flags.DEFINE_string(
@@ -43,6 +45,12 @@ _NUM_PROCESSES = flags.DEFINE_integer(
     'num_processes', 0, 'Process count, with --coordinator_address.')
 _PROCESS_ID = flags.DEFINE_integer(
     'process_id', -1, 'This process id, with --coordinator_address.')
+_COMPILE_TOPOLOGY = flags.DEFINE_string(
+    'compile_topology', '', 'Compile only, against this TPU type (XPK names: '
+    'v5p-512, v5litepod-16, v6e-256, v4-128): report HBM per device, exit 2 '
+    'when the job does not fit. Needs libtpu, not a TPU.')
+_COMPILE_NUM_SLICES = flags.DEFINE_integer(
+    'compile_num_slices', 1, 'Slices of --compile_topology.')
 
 SNAPSHOT = 'config.json'
 EXIT_USAGE = 2
@@ -112,7 +120,7 @@ def _describe_flag_error(config: ml_collections.ConfigDict, error: str) -> str:
           f'{type(current).__name__}, the type of that field.')
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
+def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with every config problem turned into exit 2."""
   try:
     config = _load_config_file(_config_arg(argv[1:]))
@@ -123,7 +131,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
       raise UsageError(_describe_flag_error(config, str(e))) from None
     except (ValueError, TypeError, AttributeError, KeyError) as e:
       raise UsageError(f'bad --config override: {e}') from None
-    if not isinstance(_CONFIG.value, ml_collections.ConfigDict):
+    if not isinstance(CONFIG.value, ml_collections.ConfigDict):
       raise UsageError(f'--config={_config_arg(argv[1:])} did not load.')
     return rest
   except UsageError as e:
@@ -166,11 +174,11 @@ def check_resume(config: ml_collections.ConfigDict, workdir: epath.Path):
           'resume; use the same value or a new --workdir.')
 
 
-def _static_checks(config: ml_collections.ConfigDict):
+def static_checks(config: ml_collections.ConfigDict):
   job = jobs.get(config.job)
   meshes.check(config.meshes)  # the job's (a pipeline's stages have theirs)
   job.validate(config)
-  if not _WORKDIR.value:
+  if not WORKDIR.value and not _COMPILE_TOPOLOGY.value:
     raise UsageError('--workdir is required (checkpoints, metrics and the '
                      'config snapshot go there).')
   return job
@@ -180,13 +188,19 @@ def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     _fail(f'unexpected arguments {" ".join(argv[1:])!r}; flags take the form '
           '--name=value.')
-  config = _CONFIG.value
+  config = CONFIG.value
   if not flags.FLAGS['verbosity'].present:
     # Libraries (Orbax above all) log every step at INFO; -v=0 shows them.
     logging.set_verbosity(logging.WARNING)
   try:
-    job = _static_checks(config)
-    workdir = epath.Path(_WORKDIR.value)
+    if _COMPILE_TOPOLOGY.value:  # shapes only: no checkpoint, no data
+      errors.CHECK_FILES = errors.CHECK_DATA = False
+    job = static_checks(config)
+    if _COMPILE_TOPOLOGY.value:
+      compile_only.check(config, job, _COMPILE_TOPOLOGY.value,
+                         _COMPILE_NUM_SLICES.value, WORKDIR.value)
+      return
+    workdir = epath.Path(WORKDIR.value)
     check_resume(config, workdir)
     if config.runtime.compilation_cache_dir:
       jax.config.update('jax_compilation_cache_dir',
@@ -212,7 +226,7 @@ def main(argv: Sequence[str]) -> None:
 
 
 def run() -> None:
-  app.run(main, flags_parser=_parse_flags)
+  app.run(main, flags_parser=parse_flags)
 
 
 if __name__ == '__main__':

@@ -85,6 +85,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       'disaggregated',
       actor=('fsdp=4', '0:4') if local else ('fsdp=-1', '0%:50%'),
       reference=('fsdp=4', 'actor') if local else ('fsdp=-1', 'actor'),
-      rollout=('fsdp=1,tp=4', '4:8') if local else ('tp=-1', '50%:100%'))
+      rollout=('fsdp=1,tp=4', '4:8') if local else ('data=-1,tp=4',
+                                                       '50%:100%'))
   c.sharding = common.sharding()
   return c

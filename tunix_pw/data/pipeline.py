@@ -23,6 +23,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 import tensorflow_datasets as tfds
 
+from tunix_pw import errors
 from tunix_pw.data import builders
 from tunix_pw.errors import UsageError
 from tunix_pw.runtime import backend, sharding
@@ -46,17 +47,23 @@ class DataSpec:
                block.manual_dir, block.on_bad_line,
                tuple(block.arithmetic.items()))
 
-  def builder(self) -> tfds.core.DatasetBuilder:
+  def check(self) -> None:
+    """The checks that read no files: a known builder and its settings."""
     if self.name not in builders.BUILDERS:
       raise UsageError(f'--config.data.name={self.name!r} is unknown; use '
                        f'one of {", ".join(builders.BUILDERS)}.')
     if self.name == 'arithmetic':
+      builders.arithmetic_config(**dict(self.arithmetic))
+    elif not self.manual_dir and errors.CHECK_DATA:
+      raise UsageError(f'--config.data.manual_dir is required for '
+                       f'{self.name}: a directory with train.jsonl and '
+                       'test.jsonl.')
+
+  def builder(self) -> tfds.core.DatasetBuilder:
+    self.check()
+    if self.name == 'arithmetic':
       config = builders.arithmetic_config(**dict(self.arithmetic))
     else:
-      if not self.manual_dir:
-        raise UsageError(f'--config.data.manual_dir is required for '
-                         f'{self.name}: a directory with train.jsonl and '
-                         'test.jsonl.')
       config = builders.jsonl_config(self.manual_dir, self.on_bad_line)
     return builders.BUILDERS[self.name](data_dir=self.data_dir, config=config,
                                         file_format='array_record')

@@ -21,6 +21,7 @@ from tunix_pw.errors import UsageError
 from tunix_pw.jobs.data import check_data_block
 from tunix_pw.models import checkpoints
 from tunix_pw.models import tokenizers
+from tunix_pw.models.layers import Sharder
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.train import loop, losses, metrics, optim, setup
@@ -51,10 +52,10 @@ def validate(config: Any) -> None:
                          '--config.batch_size / --config.micro_batches')
 
 
-def sequence_logps(model, batch, side: str):
+def sequence_logps(model, batch, side: str, shard: Sharder = Sharder()):
   """Summed completion log-probability and completion length per row."""
   logits, _ = model(batch[f'{side}_tokens'], batch[f'{side}_positions'],
-                    batch[f'{side}_segment_ids'])
+                    batch[f'{side}_segment_ids'], shard=shard)
   nll, weight, _ = step_lib.token_nll(
       logits, batch[f'{side}_tokens'], batch[f'{side}_loss_mask'],
       batch[f'{side}_segment_ids'])
@@ -62,10 +63,10 @@ def sequence_logps(model, batch, side: str):
 
 
 def preference_loss(model, batch, rng, *, algorithm: str, beta: float,
-                    lam: float):
+                    lam: float, shard: Sharder = Sharder()):
   del rng
-  chosen, chosen_n = sequence_logps(model, batch, 'chosen')
-  rejected, rejected_n = sequence_logps(model, batch, 'rejected')
+  chosen, chosen_n = sequence_logps(model, batch, 'chosen', shard)
+  rejected, rejected_n = sequence_logps(model, batch, 'rejected', shard)
   if algorithm == 'orpo':
     per_pair = losses.orpo(chosen, chosen_n, rejected, rejected_n, lam)
     margin = chosen / chosen_n - rejected / rejected_n
@@ -97,14 +98,14 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
         runtime)
     reference = jax.jit(lambda state, batch: tuple(
         sequence_logps(nnx.merge(nnx.graphdef(model), state), batch,
-                       side)[0] for side in ('chosen', 'rejected')))
+                       side, Sharder(ref_mesh, rules))[0] for side in ('chosen', 'rejected')))
 
   optimizer, schedule = optim.make(config.optimizer, config.steps)
   state = step_lib.TrainState.create(params, optimizer, config.seed)
   train_step = step_lib.make_step(
       graphdef, frozen, functools.partial(
           preference_loss, algorithm=algorithm, beta=config.dpo.beta,
-          lam=config.dpo.orpo_lambda),
+          lam=config.dpo.orpo_lambda, shard=Sharder(mesh, rules)),
       optimizer, schedule, config.micro_batches)
 
   spec = pipeline.DataSpec.from_block(config.data)

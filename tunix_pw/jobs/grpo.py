@@ -19,18 +19,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tunix_pw import console
+from tunix_pw import compile_only, console
 from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.jobs.data import check_data_block
 from tunix_pw.models import checkpoints
-from tunix_pw.rl import batch as batch_lib, registry, rewards as rewards_lib
-from tunix_pw.rl import functions  # pylint: disable=unused-import (registers)
+from tunix_pw.models.layers import Sharder
+from tunix_pw.rl import batch as batch_lib, loss as loss_lib, registry
+from tunix_pw.rl import rewards as rewards_lib
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard, sharding
 from tunix_pw.runtime.fetch import fetch
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.sampling.rollout import SamplingConfig
-from tunix_pw.sampling.sampler import make_sampler
+from tunix_pw.sampling.sampler import Sampler, make_sampler
 from tunix_pw.train import evaluate, loop, metrics, optim, setup
 from tunix_pw.train import step as step_lib
 from tunix_pw.train.checkpoint import Checkpointer
@@ -71,88 +72,54 @@ def validate(config: Any) -> None:
                          'prompts_per_step x num_generations')
 
 
-def token_logps(model, tokens, positions, segments):
-  """log p(token t+1 | ...) at every position [N, T-1], and the entropy."""
-  logits, _ = model(tokens, positions, segments)
-  logp_all = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32))
-  logp = jnp.take_along_axis(logp_all, tokens[:, 1:, None], -1)[..., 0]
-  entropy = -(jnp.exp(logp_all) * logp_all).sum(-1)
-  return logp, entropy
+def make_optimizer(config: Any):
+  """(optimizer, schedule) over every update of the run."""
+  rl = config.rl
+  samples = rl.prompts_per_step * rl.num_generations
+  return optim.make(config.optimizer, config.steps * rl.num_iterations *
+                    (samples // rl.mini_batch_size))
 
 
-def rl_loss(model, batch, rng, *, rl: Any):
-  """The registered policy loss (+ KL), aggregated; metric sums weighted so
-  the step's division yields batch averages."""
-  del rng
-  logp, entropy = token_logps(model, batch['tokens'], batch['positions'],
-                              batch['segment_ids'])
-  mask = batch['loss_mask'][:, 1:].astype(jnp.float32)
-  old = batch.get('old_logps', jax.lax.stop_gradient(logp))
-  per_token, clipped = registry.get('policy_loss', rl.policy_loss)(
-      logp, old, batch['advantages'], mask, rl.eps_low, rl.eps_high)
-  kl = jnp.zeros_like(logp)
-  if 'ref_logps' in batch:
-    kl = registry.get('kl', rl.kl)(logp, batch['ref_logps'])
-    per_token = per_token + rl.kl_beta * kl
-  aggregate = registry.get('aggregation', rl.aggregation)
-  loss, weight = aggregate(per_token, mask, batch['weights'],
-                           rl.max_new_tokens)
-  live = mask * batch['weights'][:, None]
-  share = weight / jnp.maximum(live.sum(), 1.0)  # token average x weight
-  return loss, dict(weight=weight,
-                    clip_fraction=(clipped * live).sum() * share,
-                    kl=(kl * live).sum() * share,
-                    entropy=(entropy * live).sum() * share)
+def make_train_step(config: Any, mesh, graphdef, params, frozen, optimizer,
+                    schedule):
+  rl = config.rl
+  return step_lib.make_step(
+      graphdef, frozen, functools.partial(
+          loss_lib.rl_loss, rl=rl, shard=Sharder(mesh, config.sharding)),
+      optimizer, schedule, rl.mini_batch_size // rl.micro_batch_size,
+      jax.tree.map(lambda x: x.sharding, params))
 
 
-def rollout(sampler, data, tokenizer, rl, weights, step: int, seed: int):
-  """Groups for one step: generate, score, and with dynamic sampling drop
-  groups of equal rewards and refill from new prompts, up to
-  `refill_rounds`; short of groups at the cap, the last group repeats with
-  weight 0. Returns (groups, group weights, counts)."""
-  kept, counts = [], dict(dropped=0, padded=0, rounds=0, reward_errors=0,
-                          generated=0)
-  while True:
-    prompts = next(data)
-    out = sampler.generate(
-        [p['prompt'] for p in prompts for _ in range(rl.num_generations)],
-        SamplingConfig(max_new_tokens=rl.max_new_tokens,
-                       temperature=rl.temperature, top_k=rl.top_k,
-                       top_p=rl.top_p,
-                       seed=seed * 1_000_003 + step * 101 + counts['rounds']))
-    tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-    counts['generated'] += int(lengths.sum())
-    for i, prompt in enumerate(prompts):
-      rows = range(i * rl.num_generations, (i + 1) * rl.num_generations)
-      completions = [tokens[r, :lengths[r]].tolist() for r in rows]
-      truncated = [not c or c[-1] not in tokenizer.stop_ids
-                   for c in completions]
-      samples = [rewards_lib.Sample(
-          prompt=tokenizer.decode(prompt['prompt']),
-          completion=tokenizer.decode(
-              [t for t in c if t not in tokenizer.stop_ids]),
-          answer=prompt['answer'], length=len(c), budget=rl.max_new_tokens,
-          truncated=t) for c, t in zip(completions, truncated)]
-      total, per_fn, errors = rewards_lib.score(samples, weights,
-                                                rl.strict_rewards)
-      counts['reward_errors'] += errors
-      group = batch_lib.Group(prompt['prompt'], prompt['answer'], completions,
-                              truncated, total, per_fn)
-      if rl.dynamic_sampling and not group.informative:
-        counts['dropped'] += 1
-        continue
-      kept.append(group)
-    if (not rl.dynamic_sampling or len(kept) >= rl.prompts_per_step or
-        counts['rounds'] >= rl.refill_rounds):
-      break
-    counts['rounds'] += 1
-  kept = kept[:rl.prompts_per_step]
-  group_weights = [1.0] * len(kept)
-  while len(kept) < rl.prompts_per_step:  # static shapes: zero-weight filler
-    kept.append(kept[-1] if kept else group)
-    group_weights.append(0.0)
-    counts['padded'] += 1
-  return kept, group_weights, counts
+def make_logps(config: Any, mesh, graphdef):
+  """jitted (params state, sequences) -> per-token log-probabilities, on
+  `mesh`."""
+  shard = Sharder(mesh, config.sharding)
+  return jax.jit(lambda state, b: loss_lib.token_logps(
+      nnx.merge(graphdef, state), b['tokens'], b['positions'],
+      b['segment_ids'], shard)[0])
+
+
+def logps_keys(rl: Any) -> tuple[str, ...]:
+  """The log-probabilities an update needs: the reference's (for the KL
+  term) and the rollout policy's (when a rollout feeds several updates)."""
+  samples = rl.prompts_per_step * rl.num_generations
+  return (('ref_logps',) if rl.kl_beta else ()) + (
+      ('old_logps',) if rl.num_iterations > 1 or rl.mini_batch_size < samples
+      else ())
+
+
+def reference_mesh(config: Any, meshes: meshes_lib.RoleMeshes):
+  """Where the frozen reference lives: a LoRA policy's base (on the actor
+  mesh), else the reference role (or the actor's devices)."""
+  if config.lora.rank or 'reference' not in meshes.by_role:
+    return meshes['actor']
+  return meshes['reference']
+
+
+def sampling_config(rl: Any, seed: int = 0) -> SamplingConfig:
+  return SamplingConfig(max_new_tokens=rl.max_new_tokens,
+                        temperature=rl.temperature, top_k=rl.top_k,
+                        top_p=rl.top_p, seed=seed)
 
 
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
@@ -166,39 +133,34 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   graphdef, params, frozen = setup.split(model, use_lora)
   full_graphdef = nnx.graphdef(model)
 
-  # The rollout engine: a copy of the policy on the rollout mesh.
-  rollout_state, _ = reshard.transfer(
-      nnx.state(model), checkpoints.param_shardings(
-          nnx.state(model), rollout_mesh, rules), runtime)
-  sampler = make_sampler(nnx.merge(full_graphdef, rollout_state), tokenizer,
-                         mesh=rollout_mesh, rules=rules, runtime=runtime,
-                         max_cache=rl.max_prompt_length + rl.max_new_tokens)
+  # The rollout engine: a copy of the policy on the rollout mesh, owned by
+  # the engine alone (weight syncs then free the previous copy).
+  sampler = make_sampler(
+      nnx.merge(full_graphdef, reshard.transfer(
+          nnx.state(model), checkpoints.param_shardings(
+              nnx.state(model), rollout_mesh, rules), runtime)[0]),
+      tokenizer, mesh=rollout_mesh, rules=rules, runtime=runtime,
+      max_cache=rl.max_prompt_length + rl.max_new_tokens)
 
-  logps = jax.jit(lambda state, b: token_logps(
-      nnx.merge(full_graphdef, state), b['tokens'], b['positions'],
-      b['segment_ids'])[0])
+  logps_on = functools.cache(
+      lambda mesh: make_logps(config, mesh, full_graphdef))
+  needed = logps_keys(rl)
   reference = None
-  if rl.kl_beta:
+  if 'ref_logps' in needed:
+    ref_mesh = reference_mesh(config, meshes)
     if use_lora:  # the frozen base is the reference: adapters set to zero
       zeros = jax.tree.map(jnp.zeros_like, params)
-      reference = (nnx.state(nnx.merge(graphdef, zeros, frozen)), actor_mesh)
+      reference = (nnx.state(nnx.merge(graphdef, zeros, frozen)), ref_mesh)
     else:  # the frozen initial policy, on its own role
-      ref_mesh = meshes['reference'] if 'reference' in meshes.by_role \
-          else actor_mesh
       ref_state, _ = reshard.transfer(
           nnx.state(model), checkpoints.param_shardings(
               nnx.state(model), ref_mesh, rules), runtime)
       reference = (ref_state, ref_mesh)
 
-  optimizer, schedule = optim.make(config.optimizer, config.steps *
-                                   rl.num_iterations * (
-                                       rl.prompts_per_step *
-                                       rl.num_generations //
-                                       rl.mini_batch_size))
+  optimizer, schedule = make_optimizer(config)
   state = step_lib.TrainState.create(params, optimizer, config.seed)
-  train_step = step_lib.make_step(
-      graphdef, frozen, functools.partial(rl_loss, rl=rl), optimizer,
-      schedule, rl.mini_batch_size // rl.micro_batch_size)
+  train_step = make_train_step(config, actor_mesh, graphdef, params,
+                               frozen, optimizer, schedule)
 
   spec = pipeline.DataSpec.from_block(config.data)
   sources, _ = pipeline.prepare(spec, runtime)
@@ -233,7 +195,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
 
   def logps_in_chunks(params_state, arrays, mesh):
     size = rl.logps_micro_batch_size
-    return jnp.concatenate([logps(params_state, on_mesh(
+    return jnp.concatenate([logps_on(mesh)(params_state, on_mesh(
         {k: v[i:i + size] for k, v in arrays.items()}, mesh))
                             for i in range(0, len(arrays['tokens']), size)])
 
@@ -245,8 +207,10 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
       done = step + 1
       timer = {}
       clock = time.perf_counter()
-      groups, group_weights, counts = rollout(
-          sampler, data, tokenizer, rl, reward_weights, step, config.seed)
+      groups, group_weights, counts = batch_lib.rollout(
+          sampler, data, tokenizer, rl, reward_weights,
+          lambda rounds: sampling_config(  # pylint: disable=cell-var-from-loop
+              rl, config.seed * 1_000_003 + step * 101 + rounds))
       timer['rollout'] = time.perf_counter() - clock
       preemption.check(lambda: save(step))  # pylint: disable=cell-var-from-loop
 
@@ -260,7 +224,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
       if reference is not None:
         extra['ref_logps'] = logps_in_chunks(reference[0], sequences,
                                              reference[1])
-      if rl.num_iterations > 1 or rl.mini_batch_size < len(arrays['tokens']):
+      if 'old_logps' in needed:
         current = nnx.state(nnx.merge(graphdef, state.params,
                                       *([] if frozen is None else [frozen])))
         extra['old_logps'] = logps_in_chunks(current, sequences, actor_mesh)
@@ -326,3 +290,86 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
     print(f'grpo: held-out greedy exact match {result["eval/accuracy"]:.1%} '
           f'({int(result["eval/correct"])}/{int(result["eval/total"])}, '
           f'95% CI {result["eval/ci_low"]:.1%}-{result["eval/ci_high"]:.1%})')
+
+
+def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
+  """This job's programs, from shapes, for compile-only checks: the train
+  step, the logps passes, the rollout program and the weight sync's
+  relayouts, with the state each role keeps resident."""
+  rl, rules = config.rl, config.sharding
+  actor_mesh, rollout_mesh = meshes['actor'], meshes['rollout']
+  model = compile_only.abstract_policy(config, actor_mesh)
+  graphdef, params, frozen = setup.split(model, config.lora.rank > 0)
+  full_graphdef, full_state = nnx.split(model)
+  optimizer, schedule = make_optimizer(config)
+  train_step = make_train_step(config, actor_mesh, graphdef, params,
+                               frozen, optimizer, schedule)
+  state = step_lib.TrainState.abstract(params, optimizer)
+  rollout_state = compile_only.on_mesh(full_state, rollout_mesh, rules)
+  sampler = Sampler(nnx.merge(full_graphdef, rollout_state), pad_id=0,
+                    eos_ids=(1,), mesh=rollout_mesh, rules=rules)
+  samples = rl.prompts_per_step * rl.num_generations
+  length = rl.max_prompt_length + rl.max_new_tokens
+  group = batch_lib.Group([0], '', [[0]] * rl.num_generations,
+                          [False] * rl.num_generations,
+                          np.zeros(rl.num_generations), {})
+  arrays = batch_lib.to_arrays([group], [1.0], length, 0,
+                               registry.get('advantage', rl.advantage))
+  needed = logps_keys(rl)
+
+  def rows(count, mesh, keys, logps_names=()):
+    shapes = {k: ((count,) + arrays[k].shape[1:], arrays[k].dtype)
+              for k in keys}
+    shapes.update({k: ((count, length - 1), np.float32) for k in logps_names})
+    return compile_only.batch_on(mesh, rules, shapes)
+
+  sequences = ('tokens', 'positions', 'segment_ids')
+  ref_mesh = reference_mesh(config, meshes)
+
+  def logps_phase(name, mesh):
+    params_state = compile_only.on_mesh(full_state, mesh, rules)
+    return compile_only.Phase(
+        name, next(r for r, m in meshes.by_role.items() if m is mesh),
+        lambda: [make_logps(config, mesh, full_graphdef).lower(
+            params_state, rows(rl.logps_micro_batch_size, mesh,
+                               sequences)).compile()],
+        resident_args=compile_only.per_device(params_state))
+
+  synced = compile_only.on_mesh(params, rollout_mesh, rules)
+
+  def sync(side):
+    return lambda: reshard.compile_relayouts(
+        jax.tree.leaves(params), [x.sharding for x in jax.tree.leaves(synced)],
+        config.runtime.reshard_group_mib << 20)[side]
+
+  sampling = sampling_config(rl)
+  phases = [
+      compile_only.train_phase(
+          train_step, state, frozen,
+          rows(rl.mini_batch_size, actor_mesh, arrays, needed)),
+      compile_only.Phase(
+          'rollout', 'rollout',
+          lambda: [sampler.lower(samples, rl.max_prompt_length,
+                                 sampling).compile()],
+          resident_args=compile_only.per_device(rollout_state),
+          note=lambda: 'KV cache ' + compile_only.size(sampler.cache_bytes(
+              samples, rl.max_prompt_length, sampling))),
+      # The engine serves the old weights until the new ones have landed.
+      compile_only.Phase('weight sync in', 'rollout', sync('target'),
+                         held=compile_only.per_device(synced),
+                         inflight=config.runtime.max_inflight),
+      compile_only.Phase('weight sync out', 'actor', sync('source'),
+                         inflight=config.runtime.max_inflight),
+  ]
+  if 'old_logps' in needed:
+    phases.append(logps_phase('old logps', actor_mesh))
+  resident = {'actor': compile_only.actor_resident(state, frozen),
+              'rollout': {'rollout copy': compile_only.per_device(
+                  rollout_state)}}
+  if 'ref_logps' in needed:
+    phases.append(logps_phase('reference logps', ref_mesh))
+    if not config.lora.rank:
+      role = 'reference' if ref_mesh is not actor_mesh else 'actor'
+      resident.setdefault(role, {})['reference'] = compile_only.per_device(
+          compile_only.on_mesh(full_state, ref_mesh, rules))
+  return compile_only.Plan(resident, phases)

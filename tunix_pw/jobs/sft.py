@@ -7,15 +7,19 @@ greedy exact-match evaluation -> checkpoint -> preemption check.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from flax import nnx
+import jax
+import numpy as np
 
-from tunix_pw import console
+from tunix_pw import compile_only, console
 from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.jobs.data import check_data_block
 from tunix_pw.models import checkpoints, hf, lora, tokenizers
+from tunix_pw.models.layers import Sharder
 from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.sampling.sampler import make_sampler
@@ -43,14 +47,45 @@ def validate(config: Any) -> None:
                          '--config.batch_size / --config.micro_batches')
 
 
-def sft_loss(model, batch, rng):
+def sft_loss(model, batch, rng, shard: Sharder = Sharder()):
+  """`shard` constrains activations to the mesh (batch over the data
+  axes), so XLA never replicates them where the weights are sharded."""
   del rng
-  logits, _ = model(batch['tokens'], batch['positions'], batch['segment_ids'])
+  logits, _ = model(batch['tokens'], batch['positions'], batch['segment_ids'],
+                    shard=shard)
   nll, weight, correct = step_lib.token_nll(logits, batch['tokens'],
                                             batch['loss_mask'],
                                             batch['segment_ids'])
   return (nll * weight).sum(), dict(weight=weight.sum(),
                                     accuracy=(correct * weight).sum())
+
+
+def make_train_step(config: Any, mesh, graphdef, params, frozen, optimizer,
+                    schedule):
+  return step_lib.make_step(
+      graphdef, frozen, functools.partial(
+          sft_loss, shard=Sharder(mesh, config.sharding)),
+      optimizer, schedule, config.micro_batches,
+      jax.tree.map(lambda x: x.sharding, params))
+
+
+def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
+  """The train step from shapes, for compile-only checks (a batch of full
+  `max_length` rows, as packing or several processes make it)."""
+  mesh = meshes['actor']
+  graphdef, params, frozen = setup.split(
+      compile_only.abstract_policy(config, mesh), config.lora.rank > 0)
+  optimizer, schedule = optim.make(config.optimizer, config.steps)
+  state = step_lib.TrainState.abstract(params, optimizer)
+  train_step = make_train_step(config, mesh, graphdef, params, frozen,
+                               optimizer, schedule)
+  shape = (config.batch_size, config.data.max_length)
+  batch = compile_only.batch_on(mesh, config.sharding, {
+      k: (shape, np.int32)
+      for k in ('tokens', 'positions', 'segment_ids', 'loss_mask')})
+  return compile_only.Plan(
+      {'actor': compile_only.actor_resident(state, frozen)},
+      [compile_only.train_phase(train_step, state, frozen, batch)])
 
 
 def batches(config: Any, source: Any, tokenizer: Any, runtime: Any,
@@ -81,8 +116,8 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   graphdef, params, frozen = setup.split(model, config.lora.rank > 0)
   optimizer, schedule = optim.make(config.optimizer, config.steps)
   state = step_lib.TrainState.create(params, optimizer, config.seed)
-  train_step = step_lib.make_step(graphdef, frozen, sft_loss, optimizer,
-                                  schedule, config.micro_batches)
+  train_step = make_train_step(config, mesh, graphdef, params, frozen,
+                               optimizer, schedule)
 
   spec = pipeline.DataSpec.from_block(config.data)
   sources, _ = pipeline.prepare(spec, runtime)

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, SingleDeviceSharding
 import numpy as np
 
+from tunix_pw import errors
 from tunix_pw.errors import UsageError
 from tunix_pw.models import decoder, hf, kaggle
 from tunix_pw.models.config import ModelConfig
@@ -122,9 +123,26 @@ def check_model_block(block: Any, prefix: str = '--config.model') -> None:
   if block.remat not in decoder.REMAT_POLICIES:
     raise UsageError(f'{prefix}.remat={block.remat!r} is unknown; use one of '
                      f'{", ".join(decoder.REMAT_POLICIES)}.')
-  if block.checkpoint and not os.path.isdir(block.checkpoint):
+  if (block.checkpoint and errors.CHECK_FILES and
+      not os.path.isdir(block.checkpoint)):
     raise UsageError(f'{prefix}.checkpoint={block.checkpoint!r} is not a '
                      'directory.')
+
+
+def model_kwargs(block: Any) -> dict[str, Any]:
+  """The Decoder arguments a model block sets besides the architecture."""
+  return dict(param_dtype=DTYPES[block.param_dtype],
+              dtype=DTYPES[block.dtype], scan=block.scan, remat=block.remat)
+
+
+def architecture(block: Any) -> ModelConfig:
+  """A model block's architecture: its Hugging Face checkpoint's config
+  (where the checkpoint is visible), or its preset's."""
+  from tunix_pw.models import presets  # pylint: disable=g-import-not-at-top
+  if (block.checkpoint and os.path.isdir(block.checkpoint) and
+      detect(block.checkpoint) == HF):
+    return hf.read_config(block.checkpoint)
+  return presets.PRESETS[block.preset]
 
 
 def from_block(block: Any, *, seed: int = 0, mesh: Mesh | None = None,
@@ -133,8 +151,7 @@ def from_block(block: Any, *, seed: int = 0, mesh: Mesh | None = None,
   init of its preset."""
   from tunix_pw.models import presets  # pylint: disable=g-import-not-at-top
   cfg = presets.PRESETS[block.preset]
-  kwargs = dict(param_dtype=DTYPES[block.param_dtype],
-                dtype=DTYPES[block.dtype], scan=block.scan, remat=block.remat)
   if block.checkpoint:
-    return load(block.checkpoint, cfg, mesh=mesh, rules=rules, **kwargs)
-  return init(cfg, seed, mesh=mesh, rules=rules, **kwargs), cfg
+    return load(block.checkpoint, cfg, mesh=mesh, rules=rules,
+                **model_kwargs(block))
+  return init(cfg, seed, mesh=mesh, rules=rules, **model_kwargs(block)), cfg

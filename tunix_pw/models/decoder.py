@@ -132,10 +132,13 @@ class Decoder(nnx.Module):
   def __call__(self, tokens: jax.Array, positions: jax.Array,
                segment_ids: jax.Array, cache: Cache | None = None,
                cache_slot: jax.Array | int = 0,
-               shard: Sharder = Sharder()) -> tuple[jax.Array, Cache | None]:
+               shard: Sharder = Sharder(),
+               last_only: bool = False) -> tuple[jax.Array, Cache | None]:
     """tokens, positions, segment_ids: [B, T] (segment 0 = padding).
 
-    Returns float32 logits [B, T, V] and the updated cache (or None)."""
+    Returns float32 logits [B, T, V] ([B, 1, V] for the last position only
+    with `last_only`: a prefill needs no others) and the updated cache (or
+    None)."""
     cfg = self.cfg
     b, t = tokens.shape
     x = jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)
@@ -165,6 +168,8 @@ class Decoder(nnx.Module):
       new_kv.append(kv)
 
     x = self.final_norm(x)
+    if last_only:
+      x, t = x[:, -1:], 1
     x2 = x.reshape(b * t, cfg.embed_dim)
     if cfg.tie_embeddings:
       logits = jnp.einsum('ND,VD->NV', x2,

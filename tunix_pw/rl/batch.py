@@ -9,11 +9,14 @@ groups dynamic sampling adds at its cap).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 import dataclasses
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+
+from tunix_pw.rl import rewards as rewards_lib
 
 
 @dataclasses.dataclass
@@ -56,3 +59,54 @@ def to_arrays(groups: Sequence[Group], weights: Sequence[float],
                                         (n, length)) * segments,
               advantages=advantages.astype(np.float32),
               weights=np.asarray(row_weights, np.float32))
+
+
+def rollout(sampler: Any, data: Iterator[list[dict[str, Any]]],
+            tokenizer: Any, rl: Any, weights: Any,
+            sampling: Callable[[int], Any]
+            ) -> tuple[list[Group], list[float], dict[str, int]]:
+  """Groups for one step: generate, score, and with dynamic sampling drop
+  groups of equal rewards and refill from new prompts, up to
+  `refill_rounds`; short of groups at the cap, the last group repeats with
+  weight 0. `sampling(round)` gives each round's settings. Returns
+  (groups, group weights, counts)."""
+  kept, counts = [], dict(dropped=0, padded=0, rounds=0, reward_errors=0,
+                          generated=0)
+  while True:
+    prompts = next(data)
+    out = sampler.generate(
+        [p['prompt'] for p in prompts for _ in range(rl.num_generations)],
+        sampling(counts['rounds']))
+    tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+    counts['generated'] += int(lengths.sum())
+    for i, prompt in enumerate(prompts):
+      rows = range(i * rl.num_generations, (i + 1) * rl.num_generations)
+      completions = [tokens[r, :lengths[r]].tolist() for r in rows]
+      truncated = [not c or c[-1] not in tokenizer.stop_ids
+                   for c in completions]
+      samples = [rewards_lib.Sample(
+          prompt=tokenizer.decode(prompt['prompt']),
+          completion=tokenizer.decode(
+              [t for t in c if t not in tokenizer.stop_ids]),
+          answer=prompt['answer'], length=len(c), budget=rl.max_new_tokens,
+          truncated=t) for c, t in zip(completions, truncated)]
+      total, per_fn, errors = rewards_lib.score(samples, weights,
+                                                rl.strict_rewards)
+      counts['reward_errors'] += errors
+      group = Group(prompt['prompt'], prompt['answer'], completions,
+                              truncated, total, per_fn)
+      if rl.dynamic_sampling and not group.informative:
+        counts['dropped'] += 1
+        continue
+      kept.append(group)
+    if (not rl.dynamic_sampling or len(kept) >= rl.prompts_per_step or
+        counts['rounds'] >= rl.refill_rounds):
+      break
+    counts['rounds'] += 1
+  kept = kept[:rl.prompts_per_step]
+  group_weights = [1.0] * len(kept)
+  while len(kept) < rl.prompts_per_step:  # static shapes: zero-weight filler
+    kept.append(kept[-1] if kept else group)
+    group_weights.append(0.0)
+    counts['padded'] += 1
+  return kept, group_weights, counts

@@ -10,7 +10,8 @@ Config block (see `configs/common.py:meshes`):
   layout   'collocated' (every role on the same devices) or 'disaggregated'
            (roles with their own devices must not overlap)
   <role>.axes     'fsdp=4,tp=2'; one size may be -1 (fills the devices)
-  <role>.devices  'all' | 'a:b' (indices into jax.devices() order) |
+  <role>.devices  'all' | 'a:b' (indices in device id order, in which each
+                  host's and each slice's devices are contiguous) |
                   'a%:b%' (fractions) | 'slices:a:b' (whole slices) |
                   another role's name (share its devices)
 """
@@ -163,10 +164,14 @@ def build(config: Any, devices: Sequence[Any],
   """Topology checks and mesh construction for every role of the config."""
   check(config, prefix)
   roles = _roles(config)
+  # Id order keeps a range on whole hosts (jax.devices() order may not: on
+  # TPU it runs along the torus, across hosts).
+  ordered = sorted(devices, key=lambda d: (getattr(d, 'slice_index', 0) or 0,
+                                           d.id))
   selected = {}
   for role, spec in roles.items():
     if spec.devices not in roles:
-      selected[role] = _select(spec.devices, devices,
+      selected[role] = _select(spec.devices, ordered,
                                f'{prefix}.{role}.devices')
   for role, spec in roles.items():
     if spec.devices in roles:

@@ -109,6 +109,12 @@ def _moves_devices(x: jax.Array, target: jax.sharding.Sharding) -> bool:
   return x.sharding.device_set != target.device_set
 
 
+def _reorders(source: jax.sharding.Sharding, target: Any) -> bool:
+  """The same devices in another mesh order: no one program spans both."""
+  return (source.device_set == target.device_set and
+          two_hop.devices(source) != two_hop.devices(target))
+
+
 def _chain(runtime: backend.Runtime, leaves: Sequence[jax.Array],
            targets: Sequence[Any]) -> list[str]:
   if runtime.backend == backend.PATHWAYS:
@@ -192,8 +198,7 @@ def _plan_two_hop(leaves, targets, donate: bool) -> MoveGroup:
     if _moves_devices(x, t) and not (x.sharding.is_fully_addressable and
                                      t.is_fully_addressable):
       raise Unsupported('two_hop needs every device it copies to addressable')
-    if not _moves_devices(x, t) and (two_hop.devices(x.sharding) !=
-                                     two_hop.devices(t)):
+    if _reorders(x.sharding, t):
       raise Unsupported('the same devices in another order; device_put '
                         'reorders them')
     two_hop.plan_leaf(x.shape, x.dtype, x.sharding, t)  # compile up front
@@ -211,6 +216,25 @@ def _plan_two_hop(leaves, targets, donate: bool) -> MoveGroup:
     return out
 
   return move_group
+
+
+def compile_relayouts(sources: Sequence[Any], targets: Sequence[Any],
+                      group_bytes: int = DEFAULT_GROUP_BYTES
+                      ) -> dict[str, list[Any]]:
+  """The compiled steps two_hop runs to move `sources` (ShapeDtypeStructs
+  with shardings) to `targets`, from shapes alone, for compile-only checks:
+  {'source': coarsenings on the source devices, 'target': relayouts on the
+  destination devices}; a leaf that moves in row chunks, per chunk."""
+  out = {'source': [], 'target': []}
+  for x, t in zip(sources, targets):
+    if _reorders(x.sharding, t):
+      continue  # moved by device_put: its output is all it allocates
+    rows = two_hop.chunk_rows(x, t, group_bytes)
+    shape = (rows,) + tuple(x.shape[1:]) if rows else tuple(x.shape)
+    plan = two_hop.plan_leaf(shape, x.dtype, x.sharding, t)
+    out['source'] += [plan.coarsen] if plan.coarsen else []
+    out['target'] += [plan.relayout] if plan.relayout else []
+  return out
 
 
 # ---------------------------------------------------------------- union jit

@@ -193,15 +193,17 @@ def move(x: jax.Array, target: NamedSharding, *, free_source: bool):
   return out
 
 
-def chunk_rows(x: jax.Array, target: NamedSharding,
+def chunk_rows(x: Any, target: NamedSharding,
                budget: int) -> int | None:
-  """Rows per chunk for a leaf over budget that can move in row chunks."""
-  if x.nbytes <= budget or x.ndim < 2 or x.shape[0] < 2:
+  """Rows per chunk for a leaf (an array or a ShapeDtypeStruct with its
+  sharding) over budget that can move in row chunks."""
+  nbytes = math.prod(x.shape) * np.dtype(x.dtype).itemsize
+  if nbytes <= budget or len(x.shape) < 2 or x.shape[0] < 2:
     return None
   specs = (x.sharding.spec, target.spec)
   if any(len(spec) and spec[0] is not None for spec in specs):
     return None
-  row = x.nbytes // x.shape[0]
+  row = nbytes // x.shape[0]
   fits = [r for r in range(1, x.shape[0]) if x.shape[0] % r == 0]
   return max([r for r in fits if r * row <= budget] or [1])
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 import functools
+import math
 from typing import Any
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import numpy as np
 
 from tunix_pw.errors import UsageError
@@ -26,6 +27,8 @@ from tunix_pw.models.layers import Sharder
 from tunix_pw.runtime import backend, reshard, sharding
 from tunix_pw.sampling import rules as decoding
 from tunix_pw.sampling.rollout import Completions, SamplingConfig
+
+_KV_AXES = (None, 'batch', 'kv_heads', None, None)  # [repeats, B, K, S, H]
 
 
 class Sampler:
@@ -78,9 +81,7 @@ class Sampler:
     lengths = [len(p) for p in prompts]
     if min(lengths) == 0:
       raise UsageError(f'prompt {lengths.index(0)} is empty.')
-    prompt_len = decoding.bucket(max(lengths), self.smallest_bucket)
-    cache_size = prompt_len + decoding.bucket(sampling.max_new_tokens,
-                                           self.smallest_bucket)
+    prompt_len, cache_size = self._sizes(max(lengths), sampling)
     if max(lengths) + sampling.max_new_tokens > self.max_cache:
       raise UsageError(
           f'a prompt of {max(lengths)} tokens plus {sampling.max_new_tokens} '
@@ -92,25 +93,68 @@ class Sampler:
     segments = (np.arange(prompt_len)[None] >=
                 prompt_len - np.array(lengths)[:, None]).astype(np.int32)
     positions = np.maximum(np.cumsum(segments, axis=1) - 1, 0)
-    stops = () if sampling.ignore_eos else self.eos_ids + sampling.stop_ids
-    stops = np.array(stops or (-1,), np.int32)
     put = self._put_batch
-    out = self._generate(
-        self.params, put(tokens), put(positions), put(segments),
-        np.int32(sampling.max_new_tokens), stops,
-        np.float32(sampling.temperature or 1.0), np.float32(sampling.top_p),
-        jax.random.key(sampling.seed), cache_size=cache_size,
-        top_k=sampling.top_k, use_top_p=sampling.top_p < 1.0,
-        greedy=sampling.is_greedy)
+    out = self._generate(self.params, put(tokens), put(positions),
+                         put(segments), *self._scalars(sampling),
+                         cache_size=cache_size,
+                         **self._statics(sampling))
     n = sampling.max_new_tokens
     tokens, logprobs, mask, lengths = out
     return Completions(tokens[:, :n], logprobs[:, :n], mask[:, :n], lengths)
 
+  def lower(self, batch: int, prompt_length: int,
+            sampling: SamplingConfig) -> jax.stages.Lowered:
+    """The generate program for `batch` prompts of up to `prompt_length`
+    tokens, from shapes alone (the weights may be ShapeDtypeStructs with
+    shardings): what compile-only checks compile."""
+    prompt_len, cache_size = self._sizes(prompt_length, sampling)
+    rows = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32,
+                                sharding=self._batch_sharding(
+                                    (batch, prompt_len)))
+    replicated = NamedSharding(self.mesh, PartitionSpec())
+    scalars = [jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=replicated)
+               for x in self._scalars(sampling)]
+    return self._generate.lower(self.params, rows, rows, rows, *scalars,
+                                cache_size=cache_size,
+                                **self._statics(sampling))
+
+  def cache_bytes(self, batch: int, prompt_length: int,
+                  sampling: SamplingConfig) -> int:
+    """Bytes per device of the KV cache `lower`'s program allocates."""
+    _, cache_size = self._sizes(prompt_length, sampling)
+    cache = jax.eval_shape(lambda: Cache.empty(self.cfg, batch, cache_size,
+                                               self.cache_dtype))
+    return sum(
+        math.prod(sharding.named(self.mesh, x.shape, _KV_AXES,
+                                 self.rules).shard_shape(x.shape)) *
+        x.dtype.itemsize for x in jax.tree.leaves((cache.k, cache.v)))
+
+  def _sizes(self, prompt_length: int,
+             sampling: SamplingConfig) -> tuple[int, int]:
+    """(prompt bucket, cache size) for prompts of up to `prompt_length`."""
+    prompt_len = decoding.bucket(prompt_length, self.smallest_bucket)
+    return prompt_len, prompt_len + decoding.bucket(sampling.max_new_tokens,
+                                                    self.smallest_bucket)
+
+  def _scalars(self, sampling: SamplingConfig) -> tuple[Any, ...]:
+    stops = () if sampling.ignore_eos else self.eos_ids + sampling.stop_ids
+    return (np.int32(sampling.max_new_tokens),
+            np.array(stops or (-1,), np.int32),
+            np.float32(sampling.temperature or 1.0),
+            np.float32(sampling.top_p), jax.random.key(sampling.seed))
+
+  @staticmethod
+  def _statics(sampling: SamplingConfig) -> dict[str, Any]:
+    return dict(top_k=sampling.top_k, use_top_p=sampling.top_p < 1.0,
+                greedy=sampling.is_greedy)
+
+  def _batch_sharding(self, shape: tuple[int, ...]) -> Any:
+    return sharding.named(self.mesh, shape, ('batch', None), self.rules)
+
   def _put_batch(self, x: np.ndarray) -> jax.Array:
     if self.mesh is None:
       return jnp.asarray(x)
-    return jax.device_put(x, sharding.named(self.mesh, x.shape,
-                                            ('batch', None), self.rules))
+    return jax.device_put(x, self._batch_sharding(x.shape))
 
   def _program(self, params, tokens, positions, segments, max_new, stops,
                temperature, top_p, key, *, cache_size, top_k, use_top_p,
@@ -122,11 +166,10 @@ class Sampler:
     budget = cache_size - prompt_len
     cache = Cache.empty(self.cfg, batch, cache_size, self.cache_dtype)
     cache = cache.replace(
-        k=jax.tree.map(lambda a: shard(a, None, 'batch', 'kv_heads', None,
-                                       None), cache.k),
-        v=jax.tree.map(lambda a: shard(a, None, 'batch', 'kv_heads', None,
-                                       None), cache.v))
-    logits, cache = model(tokens, positions, segments, cache, 0, shard=shard)
+        k=jax.tree.map(lambda a: shard(a, *_KV_AXES), cache.k),
+        v=jax.tree.map(lambda a: shard(a, *_KV_AXES), cache.v))
+    logits, cache = model(tokens, positions, segments, cache, 0, shard=shard,
+                          last_only=True)
     next_position = positions[:, -1] + 1
     pick = functools.partial(decoding.sample, temperature=temperature,
                              top_p=top_p, top_k=top_k, use_top_p=use_top_p,

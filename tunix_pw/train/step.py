@@ -12,6 +12,7 @@ of one full batch.
 from __future__ import annotations
 
 from collections.abc import Callable
+import functools
 from typing import Any
 
 import flax
@@ -48,6 +49,28 @@ class TrainState:
         else jax.device_put(x, replicated), state)
 
 
+  @classmethod
+  def abstract(cls, params, optimizer: optax.GradientTransformation
+               ) -> 'TrainState':
+    """The state `create` makes, as ShapeDtypeStructs with its shardings,
+    from parameters given as such: for ahead-of-time compiles. Optimizer
+    slots are sharded like their parameters, scalars replicated."""
+    mesh = jax.tree.leaves(params)[0].sharding.mesh
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def like(shape, sharding):
+      return jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=sharding)
+
+    opt_state = optax.tree_utils.tree_map_params(
+        optimizer, lambda s, p: like(s, p.sharding),
+        jax.eval_shape(optimizer.init, params), params,
+        transform_non_params=lambda s: like(s, replicated))
+    scalars = jax.eval_shape(lambda: (
+        jnp.int32(0), jax.random.key_data(jax.random.key(0))))
+    return cls(like(scalars[0], replicated), params, opt_state,
+               like(scalars[1], replicated))
+
+
 def micro_batches(batch: dict[str, jax.Array], count: int) -> dict[str, Any]:
   """[B, ...] -> [count, B // count, ...], micro batch m taking rows m,
   m + count, ...: each micro batch stays spread over every data shard."""
@@ -75,20 +98,32 @@ def token_nll(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array,
 
 def make_step(graphdef: nnx.GraphDef, frozen: Any, loss_fn: LossFn,
               optimizer: optax.GradientTransformation, schedule: Callable,
-              num_micro_batches: int, shardings: Any = None):
-  """A jitted `step(state, batch) -> (state, metrics)`.
+              num_micro_batches: int, param_shardings: Any = None):
+  """`step(state, batch) -> (state, metrics)`, jitted.
 
   `loss_fn(model, micro_batch, rng) -> (loss_sum, sums)` sees the model
   merged from the trainable params and `frozen` (the rest of the state, e.g.
-  a LoRA base; split in that order); `sums` must hold 'weight'."""
+  a LoRA base; split in that order); `sums` must hold 'weight'. `frozen` is
+  an argument of the jitted function (`.func`), never a closure: XLA would
+  embed a closed-over base as constants. Its shapes suffice for
+  `step.func.lower(state, batch, frozen=...)`.
 
-  def compute(params, batch, rng):
+  `param_shardings` (the trainable parameters'): gradients are kept in them.
+  Unconstrained, XLA may give the gradient buffers of scanned layers no
+  sharding, a whole model's gradients on every device under FSDP."""
+
+  def constrain(grads):
+    if param_shardings is None:
+      return grads
+    return jax.lax.with_sharding_constraint(grads, param_shardings)
+
+  def compute(params, frozen, batch, rng):
     state = (params,) if frozen is None else (params, frozen)
     return loss_fn(nnx.merge(graphdef, *state), batch, rng)
 
   grad_fn = jax.value_and_grad(compute, has_aux=True)
 
-  def step(state: TrainState, batch: dict[str, jax.Array]):
+  def step(state: TrainState, batch: dict[str, jax.Array], frozen: Any):
     rng = jax.random.wrap_key_data(state.rng)
     rng, step_rng = jax.random.split(rng)
     micro = micro_batches(batch, num_micro_batches)
@@ -97,12 +132,13 @@ def make_step(graphdef: nnx.GraphDef, frozen: Any, loss_fn: LossFn,
     def accumulate(carry, xs):
       grads, loss, sums = carry
       mb, key = xs
-      (mb_loss, mb_sums), mb_grads = grad_fn(state.params, mb, key)
-      return (jax.tree.map(jnp.add, grads, mb_grads), loss + mb_loss,
+      (mb_loss, mb_sums), mb_grads = grad_fn(state.params, frozen, mb, key)
+      return (jax.tree.map(jnp.add, grads, constrain(mb_grads)),
+              loss + mb_loss,
               jax.tree.map(jnp.add, sums, mb_sums)), None
 
-    zero_grads = jax.tree.map(jnp.zeros_like, state.params)
-    first_sums = jax.eval_shape(compute, state.params,
+    zero_grads = constrain(jax.tree.map(jnp.zeros_like, state.params))
+    first_sums = jax.eval_shape(compute, state.params, frozen,
                                 jax.tree.map(lambda x: x[0], micro),
                                 keys[0])[1]
     zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
@@ -122,5 +158,4 @@ def make_step(graphdef: nnx.GraphDef, frozen: Any, loss_fn: LossFn,
                      jax.random.key_data(rng))
     return new, metrics
 
-  return jax.jit(step, donate_argnums=0,
-                 out_shardings=(shardings, None) if shardings else None)
+  return functools.partial(jax.jit(step, donate_argnums=0), frozen=frozen)

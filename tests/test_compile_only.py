@@ -1,0 +1,90 @@
+"""Compile-only checks against a TPU topology on this CPU (libtpu, no TPU):
+real Gemma presets, the job's own programs, XLA's memory analysis."""
+
+import json
+
+import pytest
+
+from tests import helpers
+
+GIB = 1 << 30
+# gemma3-1b GRPO, sized for a v5e-16 (16 GiB per chip): bfloat16 compute,
+# small micro batches; the rollout on half the chips.
+GRPO_GEMMA3_1B = (
+    '--config=tunix_pw/configs/grpo.py:gemma3-1b',
+    '--config.model.dtype=bfloat16',
+    '--config.rl.prompts_per_step=8', '--config.rl.mini_batch_size=64',
+    '--config.rl.micro_batch_size=8', '--config.rl.logps_micro_batch_size=8',
+    '--config.rl.max_prompt_length=128', '--config.rl.max_new_tokens=128',
+    '--config.runtime.reshard_group_mib=1024', '--compile_topology=v5litepod-16')
+GEMMA3_1B_PARAMS = 999_885_952  # embedding 262144 x 1152 included
+
+
+def test_grpo_gemma3_1b_fits_a_v5e_16(tmp_path):
+  result = helpers.run_main(*GRPO_GEMMA3_1B, f'--workdir={tmp_path}',
+                            timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  report = json.loads((tmp_path / 'compile_report.json').read_text())
+  assert (report['devices'], report['chips'], report['hbm_per_device']) == (
+      16, 16, 16 * GIB)
+  assert report['fits'] and 0 < report['peak_per_device'] <= 16 * GIB
+  assert set(report['programs']) == {'train step', 'rollout',
+                                     'weight sync in', 'weight sync out',
+                                     'reference logps'}
+  # Actor and rollout have 8 devices each: the sync's source side needs no
+  # coarsening program, the target side one relayout per parameter.
+  counts = {k: p['count'] for k, p in report['programs'].items()}
+  assert counts == {'train step': 1, 'rollout': 1, 'weight sync in': 57,
+                    'weight sync out': 0, 'reference logps': 1}
+  # Default layout: actor (+ reference) on chips 0-7, rollout on 8-15.
+  groups = {tuple(g['roles']): g for g in report['groups']}
+  actor, rollout = groups[('actor', 'reference')], groups[('rollout',)]
+  assert actor['devices'] == list(range(8))
+  assert rollout['devices'] == list(range(8, 16))
+  # f32 parameters sharded over 8 chips: their share, up to the few small
+  # dimensions that do not divide the mesh and are replicated.
+  share = GEMMA3_1B_PARAMS * 4 / 8
+  for resident in (actor['resident']['params'],
+                   actor['resident']['reference']):
+    assert share <= resident <= 1.01 * share
+  # The rollout copy is split over tp=4 only (data=2 holds two copies), and
+  # the single KV head's projections are whole on every device.
+  assert 2 * share < rollout['resident']['rollout copy'] <= 1.05 * 2 * share
+  assert actor['resident']['optimizer'] >= 2 * share  # adam's two moments
+  assert actor['peak'] == sum(actor['resident'].values()) + max(
+      actor['phases'].values())
+  assert 'peak' in result.stdout and 'fits' in result.stdout
+
+
+def test_oversized_sft_exits_2_with_the_numbers(tmp_path):
+  """float32 SFT on 64 rows of 2048 tokens over 2 slices of v5e-16: the
+  train step's temporaries alone exceed a chip (XLA refuses to compile)."""
+  result = helpers.run_main(
+      '--config=tunix_pw/configs/sft.py:gemma3-1b',
+      '--config.batch_size=64',
+      '--config.data.max_length=2048', '--compile_topology=v5litepod-16',
+      '--compile_num_slices=2', f'--workdir={tmp_path}', timeout=600)
+  assert result.returncode == 2, result.stderr[-3000:]
+  errors = helpers.error_lines(result.stderr)
+  assert len(errors) == 1 and 'Traceback' not in result.stderr
+  assert 'the sft job does not fit 2 x v5litepod-16' in errors[0]
+  assert 'of 16.00 GiB HBM' in errors[0] and 'train step' in errors[0]
+  assert 'out of HBM while compiling' in result.stdout
+  report = json.loads((tmp_path / 'compile_report.json').read_text())
+  assert (report['devices'], report['num_slices']) == (32, 2)
+  assert not report['fits'] and report['peak_per_device'] > 16 * GIB
+  # The parameters' share is still counted: 1/32 of them per device.
+  params = report['groups'][0]['resident']['params']
+  assert GEMMA3_1B_PARAMS * 4 / 32 <= params <= 1.01 * GEMMA3_1B_PARAMS * 4 / 32
+
+
+@pytest.mark.parametrize('args, says', [
+    (('--config=tunix_pw/configs/grpo.py:gemma3-1b',
+      '--compile_topology=v5p-96'), 'powers of two'),
+    (('--config=tunix_pw/configs/eval.py:gemma3-1b',
+      '--compile_topology=v5p-8'), 'has no compile plan'),
+])
+def test_bad_compile_requests(args, says):
+  result = helpers.run_main(*args)
+  assert result.returncode == 2
+  assert says in ' '.join(helpers.error_lines(result.stderr))

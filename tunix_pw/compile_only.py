@@ -1,0 +1,270 @@
+"""Compile-only checks: does a job fit a TPU slice, before it queues for one.
+
+  python -m tunix_pw.main --config=tunix_pw/configs/grpo.py:gemma2-9b \
+      --compile_topology=v5p-512 [--compile_num_slices=2]
+
+The role meshes are built on topology descriptions of the slice (libtpu, no
+TPU needed); the job's own jitted functions are compiled ahead of time from
+shapes alone (a job module offers them as `compile_plan(config, meshes)`);
+XLA's memory analysis of each program gives its temporaries. Per device, the
+peak is the resident state of every role placed there (parameters, optimizer
+state, reference, rollout copy) plus the largest phase (a program's arguments,
+outputs and temporaries beyond that state: the sampler's KV cache, the
+incoming weights of a sync, activations), against the chip's HBM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+import dataclasses
+import json
+import math
+import re
+import time
+from typing import Any
+
+from flax import nnx
+import jax
+import numpy as np
+
+from tunix_pw.errors import UsageError
+from tunix_pw.models import checkpoints, decoder, lora
+from tunix_pw.runtime import backend, meshes as meshes_lib, sharding, topology
+
+COMPILE_ONLY = 'compile_only'  # the Runtime backend of these checks
+REPORT = 'compile_report.json'
+
+
+@dataclasses.dataclass
+class Phase:
+  """One phase of the job on one role's devices.
+
+  compile: returns the phase's compiled programs (on the role's devices).
+  resident_args: bytes per device of their arguments that are resident
+    state (counted once, under `resident`).
+  held: bytes per device the phase holds besides its programs (a weight
+    sync: the incoming copy, while the engine still serves the old one).
+  inflight: programs of the phase alive at once (a sync's groups in flight).
+  """
+
+  name: str
+  role: str
+  compile: Callable[[], Sequence[Any]]
+  resident_args: int = 0
+  held: int = 0
+  inflight: int = 1
+  note: Callable[[], str] = lambda: ''
+
+
+@dataclasses.dataclass
+class Plan:
+  resident: dict[str, dict[str, int]]  # role -> item -> bytes per device
+  phases: list[Phase]
+
+
+def per_device(tree: Any) -> int:
+  """Bytes one device holds of `tree` (arrays or ShapeDtypeStructs with
+  shardings; sharding by rule keeps every device's share equal)."""
+  return sum(math.prod(x.sharding.shard_shape(x.shape)) *
+             np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def with_shardings(state: nnx.State, shardings: nnx.State) -> nnx.State:
+  """Abstract `state` carrying the matching `shardings`."""
+  return jax.tree.map(
+      lambda v, s: v.replace(jax.ShapeDtypeStruct(
+          v.get_value().shape, v.get_value().dtype, sharding=s.get_value())),
+      state, shardings, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def abstract_model(config: Any) -> nnx.Module:
+  """The policy of `config` (LoRA adapters included) as shapes: what
+  `setup.policy` builds, with nothing allocated."""
+  cfg = checkpoints.architecture(config.model)
+  kwargs = checkpoints.model_kwargs(config.model)
+
+  def build():
+    model = decoder.Decoder(cfg, rngs=nnx.Rngs(config.seed), **kwargs)
+    if config.lora.rank:
+      lora.apply(model, config.lora.targets, config.lora.rank,
+                 config.lora.alpha, seed=config.seed,
+                 quantize=config.lora.quantize)
+    return model
+
+  return nnx.eval_shape(build)
+
+
+def abstract_policy(config: Any, mesh: Any) -> nnx.Module:
+  """`abstract_model`, its shapes sharded on `mesh`."""
+  graphdef, state = nnx.split(abstract_model(config))
+  return nnx.merge(graphdef, on_mesh(state, mesh, config.sharding))
+
+
+def on_mesh(state: nnx.State, mesh: Any, rules: Any) -> nnx.State:
+  """Abstract parameters placed on `mesh` by their logical axes."""
+  return with_shardings(state, checkpoints.param_shardings(state, mesh, rules))
+
+
+def batch_on(mesh: Any, rules: Any,
+             shapes: dict[str, tuple[tuple[int, ...], Any]]) -> dict[str, Any]:
+  """A batch as shapes, split over the mesh's batch axes like the jobs'."""
+  return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding.named(
+      mesh, shape, ('batch',) + (None,) * (len(shape) - 1), rules))
+          for k, (shape, dtype) in shapes.items()}
+
+
+def train_phase(train_step: Any, state: Any, frozen: Any,
+                batch: dict[str, Any]) -> Phase:
+  """The actor's train step (made by `train.step.make_step`) on `batch`."""
+  return Phase('train step', 'actor',
+               lambda: [train_step.func.lower(state, batch,
+                                              frozen=frozen).compile()],
+               resident_args=per_device((state, frozen)))
+
+
+def actor_resident(state: Any, frozen: Any) -> dict[str, int]:
+  """What an actor keeps between steps: its parameters, optimizer state
+  and (LoRA) the frozen base."""
+  resident = {'params': per_device(state.params),
+              'optimizer': per_device((state.opt_state, state.step,
+                                       state.rng))}
+  if frozen is not None:
+    resident['frozen base'] = per_device(frozen)
+  return resident
+
+
+@dataclasses.dataclass
+class _Measured:
+  phase: Phase
+  transient: int  # bytes per device beyond the resident state
+  temp: int
+  seconds: float
+  programs: int
+  note: str
+
+
+_OUT_OF_HBM = re.compile(r'temporaries \(([\d.]+)([KMGT]?)\) exceeds')
+
+
+def _measure(phase: Phase) -> _Measured:
+  """Compiles the phase and sizes it. A program whose temporaries alone
+  exceed the HBM fails to compile; the compiler's figure is then the
+  phase's (a lower bound: arguments not counted)."""
+  start = time.perf_counter()
+  note = phase.note()
+  try:
+    programs = list(phase.compile())
+  except jax.errors.JaxRuntimeError as e:
+    match = _OUT_OF_HBM.search(str(e))
+    if 'RESOURCE_EXHAUSTED' not in str(e) or not match:
+      raise
+    temp = int(float(match.group(1)) *
+               1024 ** ' KMGT'.index(match.group(2) or ' '))
+    return _Measured(phase, temp, temp, time.perf_counter() - start, 0,
+                     ', '.join(filter(None, [note, 'out of HBM while '
+                                             'compiling'])))
+  seconds = time.perf_counter() - start
+  biggest, temp = 0, 0
+  for compiled in programs:
+    m = compiled.memory_analysis()
+    size = (m.argument_size_in_bytes + m.output_size_in_bytes -
+            m.alias_size_in_bytes + m.temp_size_in_bytes)
+    biggest, temp = max(biggest, size), max(temp, m.temp_size_in_bytes)
+  transient = max(phase.held + phase.inflight * biggest - phase.resident_args,
+                  0)
+  return _Measured(phase, transient, temp, seconds, len(programs), note)
+
+
+def size(n: float) -> str:
+  """Bytes for people: '1.23 GiB', '45.6 MiB'."""
+  if n >= topology.GIB:
+    return f'{n / topology.GIB:.2f} GiB'
+  return f'{n / 2**20:.1f} MiB'
+
+
+def _span(ids: Sequence[int]) -> str:
+  return f'{min(ids)}..{max(ids)} ({len(ids)})'
+
+
+def check(config: Any, job: Any, tpu_type: str, num_slices: int,
+          workdir: str | None) -> None:
+  """Compiles `job`'s programs for the slice, prints the per-device report
+  and writes it as JSON into `workdir` (when given). Raises UsageError with
+  the numbers when a device would need more than its HBM."""
+  if not hasattr(job, 'compile_plan'):
+    raise UsageError(f'--compile_topology: the {config.job} job has no '
+                     'compile plan; compile-only checks cover the grpo and '
+                     'sft jobs.')
+  tpu = topology.parse(tpu_type, '--compile_topology')
+  devices = topology.devices(tpu, num_slices)
+  runtime = backend.Runtime(COMPILE_ONLY, f'{num_slices} x {tpu.name} '
+                            'topology descriptions', 0, 1, tuple(devices))
+  meshes = meshes_lib.build(config.meshes, runtime.devices)
+  hbm = tpu.hbm_bytes * tpu.chips * num_slices // len(devices)
+  print(f'{runtime.describe()}; meshes: {meshes.describe()}', flush=True)
+
+  plan = job.compile_plan(config, meshes)
+  measured = []
+  for phase in plan.phases:
+    print(f'compiling {phase.name} on {phase.role} ...', flush=True)
+    measured.append(_measure(phase))
+
+  roles_of = {}
+  for role, mesh in meshes.by_role.items():
+    for d in mesh.devices.flat:
+      roles_of.setdefault(d.id, []).append(role)
+  groups = {}
+  for device_id, roles in roles_of.items():
+    groups.setdefault(tuple(roles), []).append(device_id)
+
+  rows, worst = [], None
+  for roles, ids in groups.items():
+    resident = {item: size for role in roles
+                for item, size in plan.resident.get(role, {}).items()}
+    phases = [m for m in measured if m.phase.role in roles]
+    largest = max(phases, key=lambda m: m.transient, default=None)
+    peak = sum(resident.values()) + (largest.transient if largest else 0)
+    row = dict(devices=sorted(ids), roles=list(roles), resident=resident,
+               phases={m.phase.name: m.transient for m in phases},
+               largest_phase=largest.phase.name if largest else None,
+               peak=peak, hbm=hbm)
+    rows.append(row)
+    if worst is None or peak > worst['peak']:
+      worst = row
+    print(f'devices {_span(ids)}: {", ".join(roles)}\n'
+          '  resident  ' + (' + '.join(f'{k} {size(v)}'
+                                       for k, v in resident.items()) or '-') +
+          f' = {size(sum(resident.values()))}\n'
+          '  phases    ' + ' | '.join(
+              f'{m.phase.name} {size(m.transient)}' +
+              (f' ({m.note})' if m.note else '') for m in phases) + '\n'
+          f'  peak      {size(peak)} of {size(hbm)} HBM ({peak / hbm:.0%})' +
+          (f', largest phase: {largest.phase.name}' if largest else ''),
+          flush=True)
+
+  seconds = sum(m.seconds for m in measured)
+  fits = worst['peak'] <= hbm
+  report = dict(job=config.job, model=config.model.preset,
+                tpu_type=tpu.name, num_slices=num_slices,
+                chips=tpu.chips * num_slices, devices=len(devices),
+                hbm_per_device=hbm, peak_per_device=worst['peak'],
+                fits=fits, compile_seconds=seconds,
+                programs={m.phase.name: dict(count=m.programs,
+                                             seconds=m.seconds, temp=m.temp)
+                          for m in measured},
+                groups=rows)
+  if workdir:
+    from etils import epath  # pylint: disable=g-import-not-at-top
+    path = epath.Path(workdir)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / REPORT).write_text(json.dumps(report, indent=1))
+  print(f'compiled {sum(m.programs for m in measured)} programs in '
+        f'{seconds:.1f} s; peak {size(worst["peak"])} per device of '
+        f'{size(hbm)}: {"fits" if fits else "DOES NOT FIT"}', flush=True)
+  if not fits:
+    raise UsageError(
+        f'the {config.job} job does not fit {num_slices} x {tpu.name}: '
+        f'devices {_span(worst["devices"])} ({", ".join(worst["roles"])}) '
+        f'need {size(worst["peak"])} of {size(hbm)} HBM, the largest '
+        f'phase being {worst["largest_phase"]}; use more chips, smaller '
+        'micro batches, remat or bfloat16.')
