@@ -1,0 +1,135 @@
+"""launch/xpk.py renders real JobSet manifests through the xpk CLI (dry run)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.helpers import ROOT, env, error_lines
+
+CONFIGS = os.path.join(ROOT, 'xpk_configs')
+RUN = ['--config=tunix_pw/configs/grpo.py:gemma2-2b',
+       '--config.data.name=arithmetic', '--config.rl.kl_beta=0.01',
+       '--workdir=gs://bucket/runs/r1']
+
+
+def launch(tmp_path, *args: str) -> subprocess.CompletedProcess:
+  # xpk keeps settings under $HOME: a fresh one per test.
+  return subprocess.run(
+      [sys.executable, os.path.join(ROOT, 'launch', 'xpk.py'), *args],
+      cwd=ROOT, env=env(HOME=str(tmp_path)), capture_output=True, text=True,
+      timeout=300)
+
+
+def jobset(path) -> dict:
+  documents = [d for d in yaml.safe_load_all(open(path)) if d]
+  [found] = [d for d in documents if d['kind'] == 'JobSet']
+  return found
+
+
+@pytest.mark.parametrize('name', sorted(os.listdir(CONFIGS)))
+def test_dry_run_renders_the_jobset(tmp_path, name):
+  infra = yaml.safe_load(open(os.path.join(CONFIGS, name)))
+  manifest = tmp_path / 'm.yaml'
+  result = launch(tmp_path, f'--xpk_config={os.path.join(CONFIGS, name)}',
+                  *RUN, '--workload=w1', '--dry_run', f'--manifest={manifest}')
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert f'manifest: {manifest}' in result.stdout
+  spec = jobset(manifest)['spec']
+  jobs = {j['name']: j['template']['spec'] for j in spec['replicatedJobs']}
+  pathways = infra['mode'] == 'pathways'
+  ours = jobs['pathways-head' if pathways else 'slice-job']
+  workers = spec['replicatedJobs'][[*jobs].index(
+      'worker' if pathways else 'slice-job')]
+  pod = ours['template']['spec']
+  [container] = [c for c in pod['containers'] if c['name'] == 'jax-tpu']
+  script = container['command'][-1]
+  assert ('python -m tunix_pw.main --config=tunix_pw/configs/grpo.py:'
+          'gemma2-2b --config.data.name=arithmetic --config.rl.kl_beta=0.01 '
+          '--workdir=gs://bucket/runs/r1') in script
+  assert container['image'] == infra['image']
+  env_vars = {e['name']: e.get('value') for e in container['env'] or []}
+  for key, value in infra['env'].items():
+    assert env_vars[key] == str(value)
+  if pathways:
+    assert env_vars['JAX_PLATFORMS'] == 'proxy'  # what the runtime detects
+  assert restarts_on_42(ours)
+  assert spec['failurePolicy']['maxRestarts'] == infra['max_restarts']
+  assert pod['terminationGracePeriodSeconds'] >= infra[
+      'termination_grace_seconds']
+  assert workers['replicas'] == infra['num_slices']
+
+
+def restarts_on_42(job_spec: dict) -> bool:
+  """Exit 42 fails the pod without failing the JobSet: restartable."""
+  [rule] = job_spec['podFailurePolicy']['rules']
+  codes = rule['onExitCodes']
+  return (rule['action'] == 'FailJob' and codes['operator'] == 'NotIn' and
+          42 in codes['values'] and 1 not in codes['values'])
+
+
+def test_the_grace_period_fits_a_checkpoint(tmp_path):
+  config = tmp_path / 'short.yaml'
+  infra = yaml.safe_load(open(os.path.join(CONFIGS, 'v5e-16.yaml')))
+  config.write_text(yaml.safe_dump(dict(infra, termination_grace_seconds=5)))
+  manifest = tmp_path / 'm.yaml'
+  result = launch(tmp_path, f'--xpk_config={config}', *RUN, '--dry_run',
+                  f'--manifest={manifest}')
+  assert result.returncode == 0, result.stderr[-2000:]
+  # gemma2-2b: 2.61e9 float32 parameters and two Adam moments = 29.2 GiB,
+  # written by 4 hosts at 200 MiB/s, plus a 60 s margin: 98 s.
+  assert 'a 29.2 GiB checkpoint written by 4 hosts needs about 98 s' in \
+      result.stdout
+  pod = jobset(manifest)['spec']['replicatedJobs'][0]['template']['spec'][
+      'template']['spec']
+  assert pod['terminationGracePeriodSeconds'] == 98
+
+
+@pytest.mark.parametrize('change, message', [
+    (dict(tpu_type='v9z-64'), "tpu_type='v9z-64' is not a TPU type XPK "
+     'knows'),
+    (dict(tpu_type='v5p-63'), "tpu_type='v5p-63' is not a slice size"),
+    (dict(num_slices=0), 'num_slices=0 must be at least 1.'),
+    (dict(image=None), 'image is missing'),
+    (dict(mode='mpi'), "mode='mpi' must be one of pathways, mcjax."),
+    (dict(slices=2), "unknown field 'slices'; did you mean 'num_slices'?"),
+])
+def test_a_bad_xpk_config_fails_before_xpk(tmp_path, change, message):
+  infra = yaml.safe_load(open(os.path.join(CONFIGS, 'v5e-16.yaml')))
+  infra.update(change)
+  config = tmp_path / 'bad.yaml'
+  config.write_text(yaml.safe_dump({k: v for k, v in infra.items()
+                                    if v is not None}))
+  manifest = tmp_path / 'm.yaml'
+  result = launch(tmp_path, f'--xpk_config={config}', *RUN, '--dry_run',
+                  f'--manifest={manifest}')
+  assert result.returncode == 2
+  [line] = error_lines(result.stderr)
+  assert message in line and 'Traceback' not in result.stderr
+  assert not manifest.exists() and '[XPK]' not in result.stdout
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--config=tunix_pw/configs/grpo.py:gemma9-1b', '--workdir=gs://b/r'],
+     "preset='gemma9-1b' is unknown"),
+    (['--config=tunix_pw/configs/grpo.py:gemma2-2b',
+      '--config.data.name=arithmetic', '--config.rl.micro_batch_size=7',
+      '--workdir=gs://b/r'],
+     'micro_batch_size=7'),
+    (['--config=tunix_pw/configs/grpo.py:gemma2-2b',
+      '--config.data.name=arithmetic', '--workdir=runs/r1'],
+     "--workdir='runs/r1' must outlive the pods"),
+])
+def test_the_run_config_is_validated_first(tmp_path, args, message):
+  manifest = tmp_path / 'm.yaml'
+  result = launch(tmp_path,
+                  f'--xpk_config={os.path.join(CONFIGS, "v5e-16.yaml")}',
+                  *args, '--dry_run', f'--manifest={manifest}')
+  assert result.returncode == 2, result.stderr[-2000:]
+  [line] = error_lines(result.stderr)
+  assert message in line
+  assert not manifest.exists()
