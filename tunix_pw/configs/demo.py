@@ -1,10 +1,11 @@
 """The demo: SFT warm-up, then GRPO, on 2-digit additions with a tiny
 Gemma-architecture model and the built-in character tokenizer, on 8 virtual
 CPU devices. GRPO is disaggregated: actor FSDP on devices 0-3, rollout on
-4-7, weights synced by reshard every step. The SFT warm-up runs data-parallel
-on devices 0-3 (on CPU an FSDP step costs 3x a data-parallel one) and stops
-before its learning-rate decay ends, so that RL starts from a model that is
-right about half of the time.
+4-7, weights synced by reshard every step; 200 steps of 32 prompts x 8
+generations. The SFT warm-up runs data-parallel on devices 0-3 (on CPU an
+FSDP step costs 3x a data-parallel one) and stops before its learning-rate
+decay ends, so that RL starts from a model that is right about half of the
+time.
 
   python -m tunix_pw.main --config=tunix_pw/configs/demo.py --workdir=/tmp/demo
 
@@ -34,7 +35,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.sft.meshes = common.meshes('disaggregated', actor=('data=4', '0:4'))
 
   c.grpo = grpo.get_config('runlocal')
-  c.grpo.steps = 100
+  # 256 samples per update: with 64, the gradient noise of a tiny model's
+  # rewards outweighed the signal and held-out accuracy stayed flat.
+  c.grpo.steps = 200
+  c.grpo.rl.update(prompts_per_step=32, mini_batch_size=256,
+                   micro_batch_size=64, logps_micro_batch_size=128)
+  c.grpo.optimizer.learning_rate = 2e-4
+  c.grpo.eval_every = 50
   c.grpo.log_every = 1
   c.grpo.checkpoint.every = 0
   c.grpo.meshes = common.meshes('disaggregated', actor=ACTOR,
