@@ -27,6 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from tunix_pw.models import presets  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tunix_pw.runtime import topology  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 GIB = 1 << 30
 ROWS = [(model, tpu, 1)
@@ -60,7 +61,7 @@ def overrides(model: str, chips: int, slices: int) -> list[str]:
 
 
 def run(model: str, tpu: str, slices: int) -> dict:
-  chips = int(tpu.split('-')[1]) // (2 if tpu.startswith('v5p') else 1)
+  chips = topology.parse(tpu).chips
   with tempfile.TemporaryDirectory() as workdir:
     start = time.perf_counter()
     result = subprocess.run(

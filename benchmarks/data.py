@@ -12,9 +12,7 @@ Target: the pipelines feed at least 10x what the train step consumes.
 
 import json
 import os
-import runpy
 import statistics
-import sys
 import tempfile
 import time
 
@@ -22,6 +20,7 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+from in_process import run_main  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tunix_pw.data import formats, pipeline  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tunix_pw.models.tokenizers import CharTokenizer  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -63,17 +62,11 @@ def examples_per_second(name: str, work: str) -> float:
 
 def demo_consumption(work: str) -> float:
   """Examples/s the demo's SFT warm-up step consumes, measured."""
-  sys.argv = ['main', '--config=tunix_pw/configs/demo.py',
-              '--config.stages=("sft",)', '--config.sft.steps=60',
-              '--config.sft.log_every=20', '--config.sft.eval_examples=0',
-              f'--workdir={work}/demo']
-  try:
-    runpy.run_module('tunix_pw.main', run_name='__main__')
-  except SystemExit as e:
-    if e.code:
-      raise
-  logged = [json.loads(line) for line in open(f'{work}/demo/sft/metrics.jsonl')
-            if 'step_seconds' in line][1:]  # past compilation
+  logged = [m for m in run_main(
+      ['--config=tunix_pw/configs/demo.py', '--config.stages=("sft",)',
+       '--config.sft.steps=60', '--config.sft.log_every=20',
+       '--config.sft.eval_examples=0', f'--workdir={work}/demo'],
+      f'{work}/demo/sft') if 'step_seconds' in m][1:]  # past compilation
   return BATCH / statistics.median(m['step_seconds'] for m in logged)
 
 

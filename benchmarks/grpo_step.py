@@ -16,9 +16,7 @@ Targets: weight sync <= 5% of the step; rollout tokens/s inside the loop
 import argparse
 import json
 import os
-import runpy
 import statistics
-import sys
 import tempfile
 import time
 
@@ -29,6 +27,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 jax.config.update('jax_num_cpu_devices', 8)
 
+from in_process import run_main  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tunix_pw.configs import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tunix_pw.models import checkpoints, presets, tokenizers  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tunix_pw.runtime import meshes  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -60,8 +59,8 @@ def main() -> None:
   work = tempfile.mkdtemp()
   write_dataset(work)
   samples = PROMPTS * GENERATIONS
-  sys.argv = [
-      'main', '--config=tunix_pw/configs/grpo.py:runlocal',
+  logged = [m for m in run_main([
+      '--config=tunix_pw/configs/grpo.py:runlocal',
       '--config.model.preset=bench-gemma',
       f'--config.data.name=gsm8k', f'--config.data.manual_dir={work}',
       f'--config.data.data_dir={work}/tfds',
@@ -74,14 +73,8 @@ def main() -> None:
       f'--config.rl.max_new_tokens={NEW}', '--config.rl.kl_beta=0',
       f'--config.steps={args.steps}', '--config.eval_examples=0',
       '--config.checkpoint.every=0', '--config.runtime.host_device_count=0',
-      f'--workdir={work}/run']
-  try:
-    runpy.run_module('tunix_pw.main', run_name='__main__')
-  except SystemExit as e:
-    if e.code:
-      raise
-  logged = [json.loads(line) for line in open(f'{work}/run/metrics.jsonl')
-            if '"loss"' in line][2:]  # past compilation
+      f'--workdir={work}/run'], f'{work}/run')
+            if 'loss' in m][2:]  # past compilation
   phases = {k: statistics.median(m[f'time/{k}'] for m in logged)
             for k in ('rollout', 'logps', 'train', 'weight_sync')}
   step = statistics.median(sum(m[f'time/{k}'] for k in phases)

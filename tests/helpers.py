@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,3 +37,12 @@ def launch_local(num_processes: int, *args: str,
 
 def error_lines(stderr: str) -> list[str]:
   return [line for line in stderr.splitlines() if line.startswith('error: ')]
+
+
+def wait_for(path, proc: subprocess.Popen, timeout: float = 120) -> None:
+  """Until `path` exists; fails if `proc` exits first or time runs out."""
+  deadline = time.monotonic() + timeout
+  while not os.path.exists(path):
+    assert proc.poll() is None, f'exited with {proc.returncode} before {path}'
+    assert time.monotonic() < deadline, f'no {path} after {timeout} s'
+    time.sleep(0.05)

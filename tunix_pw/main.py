@@ -213,7 +213,6 @@ def main(argv: Sequence[str]) -> None:
     if runtime.is_coordinator:
       print(f'{runtime.describe()}; meshes: {role_meshes.describe()}',
             flush=True)
-    if runtime.is_coordinator:
       workdir.mkdir(parents=True, exist_ok=True)
       (workdir / SNAPSHOT).write_text(config.to_json_best_effort(indent=2))
     job.run(config, runtime, role_meshes, str(workdir), preemption)

@@ -91,10 +91,7 @@ def test_resume_after_sigkill_at_a_random_time_is_bit_identical(
       [sys.executable, '-m', 'tunix_pw.main', *RESUME_ARGS,
        f'--workdir={tmp_path}'], cwd=helpers.ROOT, env=helpers.env(),
       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  deadline = time.monotonic() + 120
-  while not (tmp_path / 'metrics.jsonl').exists():
-    assert time.monotonic() < deadline and proc.poll() is None
-    time.sleep(0.05)
+  helpers.wait_for(tmp_path / 'metrics.jsonl', proc)
   time.sleep(random.Random(0).uniform(0.0, 1.5))
   proc.send_signal(signal.SIGKILL)
   proc.wait()
@@ -128,10 +125,7 @@ def test_sigterm_checkpoints_then_exits_42_and_resumes(tmp_path):
       [sys.executable, '-m', 'tunix_pw.main', *args, f'--workdir={tmp_path}'],
       cwd=helpers.ROOT, env=helpers.env(), stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT, text=True)
-  deadline = time.monotonic() + 120
-  while not (tmp_path / 'metrics.jsonl').exists():
-    assert time.monotonic() < deadline and proc.poll() is None
-    time.sleep(0.05)
+  helpers.wait_for(tmp_path / 'metrics.jsonl', proc)
   proc.send_signal(signal.SIGTERM)
   output, _ = proc.communicate(timeout=120)
   assert proc.returncode == 42, output[-2000:]

@@ -61,10 +61,7 @@ def test_killing_one_process_fails_the_launcher_quickly(tmp_path):
       cwd=helpers.ROOT, env=helpers.env(), stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT, text=True)
   # The snapshot is written once both processes are up and meshes are built.
-  deadline = time.monotonic() + 120
-  while not (tmp_path / 'config.json').exists():
-    assert time.monotonic() < deadline and launcher.poll() is None
-    time.sleep(0.2)
+  helpers.wait_for(tmp_path / 'config.json', launcher)
   children = psutil.Process(launcher.pid).children()
   assert len(children) == 2
   children[1].send_signal(signal.SIGKILL)

@@ -17,10 +17,7 @@ LONG_SMOKE = ['--config=tunix_pw/configs/smoke.py:collocated',
 
 def wait_until_running(workdir, proc):
   """The snapshot is written once the runtime and meshes are up."""
-  deadline = time.monotonic() + 120
-  while not (workdir / 'config.json').exists():
-    assert proc.poll() is None and time.monotonic() < deadline
-    time.sleep(0.1)
+  helpers.wait_for(workdir / 'config.json', proc)
   time.sleep(1.0)  # into the step loop
 
 

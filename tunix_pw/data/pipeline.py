@@ -144,7 +144,7 @@ class Pipeline:
                batch_size: int, seed: int, num_epochs: int | None,
                process_index: int = 0, process_count: int = 1,
                batch_fn: Callable[[list], Any] | None = None,
-               pack_length: int = 0, pad_id: int = 0):
+               pack_length: int = 0):
     if batch_size % process_count:
       raise UsageError(f'batch size {batch_size} does not divide over '
                        f'{process_count} processes.')

@@ -98,7 +98,8 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
         runtime)
     reference = jax.jit(lambda state, batch: tuple(
         sequence_logps(nnx.merge(nnx.graphdef(model), state), batch,
-                       side, Sharder(ref_mesh, rules))[0] for side in ('chosen', 'rejected')))
+                       side, Sharder(ref_mesh, rules))[0]
+        for side in ('chosen', 'rejected')))
 
   optimizer, schedule = optim.make(config.optimizer, config.steps)
   state = step_lib.TrainState.create(params, optimizer, config.seed)
@@ -106,7 +107,8 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
       graphdef, frozen, functools.partial(
           preference_loss, algorithm=algorithm, beta=config.dpo.beta,
           lam=config.dpo.orpo_lambda, shard=Sharder(mesh, rules)),
-      optimizer, schedule, config.micro_batches)
+      optimizer, schedule, config.micro_batches,
+      jax.tree.map(lambda x: x.sharding, params))
 
   spec = pipeline.DataSpec.from_block(config.data)
   sources, _ = pipeline.prepare(spec, runtime)

@@ -10,6 +10,7 @@ from etils import epath
 import numpy as np
 
 from tunix_pw import console
+from tunix_pw.data import formats
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints, tokenizers
 from tunix_pw.runtime import backend, meshes as meshes_lib
@@ -85,10 +86,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
          read_prompts(config.prompts_file))
   texts = []
   for i, prompt in enumerate(raw):
-    if isinstance(prompt, list) or config.chat:
-      messages = prompt if isinstance(prompt, list) else [
-          {'role': 'user', 'content': prompt}]
-      prompt = tokenizer.chat(messages)
+    prompt = formats.render_prompt(prompt, tokenizer, config.chat)
     if not prompt.strip():
       raise UsageError(f'prompt {i} is empty.')
     texts.append(prompt)

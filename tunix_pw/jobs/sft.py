@@ -104,8 +104,7 @@ def batches(config: Any, source: Any, tokenizer: Any, runtime: Any,
       batch_size=config.batch_size, seed=seed, num_epochs=None,
       process_index=runtime.process_index,
       process_count=runtime.process_count, batch_fn=pad,
-      pack_length=length if config.data.packing else 0,
-      pad_id=tokenizer.pad_id)
+      pack_length=length if config.data.packing else 0)
 
 
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,

@@ -16,6 +16,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from tunix_pw.data import pipeline
 from tunix_pw.rl import rewards as rewards_lib
 
 
@@ -39,24 +40,16 @@ def to_arrays(groups: Sequence[Group], weights: Sequence[float],
               advantage: Callable) -> dict[str, np.ndarray]:
   """tokens, loss_mask, segment_ids, positions [N, length]; advantages,
   weights [N] (N = groups x G)."""
-  rows, masks, row_weights = [], [], []
+  rows, row_weights = [], []
   for group, weight in zip(groups, weights):
     for completion in group.completions:
-      rows.append(group.prompt + completion)
-      masks.append([0] * len(group.prompt) + [1] * len(completion))
+      rows.append(dict(tokens=group.prompt + completion,
+                       loss_mask=[0] * len(group.prompt) +
+                       [1] * len(completion)))
       row_weights.append(weight)
-  n = len(rows)
-  tokens = np.full((n, length), pad_id, np.int32)
-  loss_mask = np.zeros((n, length), np.int32)
-  segments = np.zeros((n, length), np.int32)
-  for i, (row, mask) in enumerate(zip(rows, masks)):
-    tokens[i, :len(row)], loss_mask[i, :len(row)], segments[i, :len(row)] = (
-        row, mask, 1)
   rewards = np.stack([g.rewards for g in groups])  # [P, G]
   advantages = np.asarray(advantage(jnp.asarray(rewards))).reshape(-1)
-  return dict(tokens=tokens, loss_mask=loss_mask, segment_ids=segments,
-              positions=np.broadcast_to(np.arange(length, dtype=np.int32),
-                                        (n, length)) * segments,
+  return dict(pipeline.pad_batch(rows, length, pad_id),
               advantages=advantages.astype(np.float32),
               weights=np.asarray(row_weights, np.float32))
 

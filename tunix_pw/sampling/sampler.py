@@ -37,14 +37,13 @@ class Sampler:
   def __init__(self, model: Decoder, *, pad_id: int,
                eos_ids: Sequence[int], mesh: Mesh | None = None,
                rules: Any = None, runtime: backend.Runtime | None = None,
-               max_cache: int | None = None, smallest_bucket: int = 16):
+               max_cache: int | None = None):
     self.graphdef, self.params = nnx.split(model)
     self.cfg = model.cfg
     self.cache_dtype = model.dtype
     self.pad_id, self.eos_ids = pad_id, tuple(eos_ids)
     self.mesh, self.rules, self.runtime = mesh, rules, runtime
     self.max_cache = max_cache or self.cfg.max_position
-    self.smallest_bucket = smallest_bucket
     self.traces = 0  # compilations of the generate program, for tests
     self.last_sync: reshard.Stats | None = None
     self._generate = jax.jit(self._program, static_argnames=(
@@ -132,9 +131,8 @@ class Sampler:
   def _sizes(self, prompt_length: int,
              sampling: SamplingConfig) -> tuple[int, int]:
     """(prompt bucket, cache size) for prompts of up to `prompt_length`."""
-    prompt_len = decoding.bucket(prompt_length, self.smallest_bucket)
-    return prompt_len, prompt_len + decoding.bucket(sampling.max_new_tokens,
-                                                    self.smallest_bucket)
+    prompt_len = decoding.bucket(prompt_length)
+    return prompt_len, prompt_len + decoding.bucket(sampling.max_new_tokens)
 
   def _scalars(self, sampling: SamplingConfig) -> tuple[Any, ...]:
     stops = () if sampling.ignore_eos else self.eos_ids + sampling.stop_ids
