@@ -67,6 +67,15 @@ def test_merged_model_gives_the_adapter_models_logits(tmp_path):
   np.testing.assert_allclose(exported(*args)[0], adapted, atol=1e-5, rtol=0)
 
 
+def test_a_merged_qlora_model_keeps_the_base_dtype():
+  model = checkpoints.init(presets.PRESETS['tiny-gemma3'], seed=0,
+                           param_dtype=jnp.bfloat16)
+  lora.apply(model, TARGETS, rank=4, alpha=8.0, quantize='int8')
+  lora.merge(model)
+  dtypes = {x.dtype for x in jax.tree.leaves(nnx.state(model, nnx.Param))}
+  assert dtypes == {jnp.dtype(jnp.bfloat16)}
+
+
 def test_lora_checkpoints_hold_adapters_only(tmp_path):
   _, state, _, _, _ = trained()
   checkpointer = Checkpointer(str(tmp_path))

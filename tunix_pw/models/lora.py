@@ -117,7 +117,10 @@ def merge(model: nnx.Module) -> None:
               hasattr(module, f'{name}_scale')):
         continue
       axes = getattr(module, name).get_metadata()['axes']
-      merged = weight(module, name)
+      # In the base's dtype, which its adapters keep (an int8 base
+      # dequantises through float32 scales).
+      merged = weight(module, name).astype(
+          getattr(module, f'{name}_lora_a')[...].dtype)
       for suffix in ('_lora_a', '_lora_b', '_scale'):
         if hasattr(module, name + suffix):
           delattr(module, name + suffix)
