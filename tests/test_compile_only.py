@@ -3,9 +3,12 @@ real Gemma presets, the job's own programs, XLA's memory analysis."""
 
 import json
 
+import ml_collections
 import pytest
 
 from tests import helpers
+from tunix_pw.models import presets
+from tunix_pw.train import setup
 
 GIB = 1 << 30
 # gemma3-1b GRPO, sized for a v5e-16 (16 GiB per chip): bfloat16 compute,
@@ -88,3 +91,16 @@ def test_bad_compile_requests(args, says):
   result = helpers.run_main(*args)
   assert result.returncode == 2
   assert says in ' '.join(helpers.error_lines(result.stderr))
+
+
+def test_a_trained_workdir_gives_its_models_architecture(tmp_path):
+  """A workdir's config.json is its run config, not a Hugging Face one: the
+  architecture comes from the run's model block."""
+  (tmp_path / 'checkpoints').mkdir()
+  (tmp_path / 'config.json').write_text(json.dumps(
+      {'model': dict(preset='tiny-gemma3', checkpoint='', tokenizer='')}))
+  block = ml_collections.ConfigDict(dict(preset='gemma3-1b',
+                                         checkpoint=str(tmp_path)))
+  assert setup.architecture(block) == presets.PRESETS['tiny-gemma3']
+  block.checkpoint = ''
+  assert setup.architecture(block) == presets.PRESETS['gemma3-1b']

@@ -30,6 +30,7 @@ import numpy as np
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints, decoder, lora
 from tunix_pw.runtime import backend, meshes as meshes_lib, sharding, topology
+from tunix_pw.train import setup
 
 COMPILE_ONLY = 'compile_only'  # the Runtime backend of these checks
 REPORT = 'compile_report.json'
@@ -80,7 +81,7 @@ def with_shardings(state: nnx.State, shardings: nnx.State) -> nnx.State:
 def abstract_model(config: Any) -> nnx.Module:
   """The policy of `config` (LoRA adapters included) as shapes: what
   `setup.policy` builds, with nothing allocated."""
-  cfg = checkpoints.architecture(config.model)
+  cfg = setup.architecture(config.model)
   kwargs = checkpoints.model_kwargs(config.model)
 
   def build():

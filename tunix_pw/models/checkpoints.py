@@ -135,16 +135,6 @@ def model_kwargs(block: Any) -> dict[str, Any]:
               dtype=DTYPES[block.dtype], scan=block.scan, remat=block.remat)
 
 
-def architecture(block: Any) -> ModelConfig:
-  """A model block's architecture: its Hugging Face checkpoint's config
-  (where the checkpoint is visible), or its preset's."""
-  from tunix_pw.models import presets  # pylint: disable=g-import-not-at-top
-  if (block.checkpoint and os.path.isdir(block.checkpoint) and
-      detect(block.checkpoint) == HF):
-    return hf.read_config(block.checkpoint)
-  return presets.PRESETS[block.preset]
-
-
 def from_block(block: Any, *, seed: int = 0, mesh: Mesh | None = None,
                rules: Any = None) -> tuple[decoder.Decoder, ModelConfig]:
   """The model a config's model block describes: its checkpoint, or a random

@@ -14,7 +14,7 @@ import jax
 from tunix_pw.data import formats
 from tunix_pw.data.builders import decode
 from tunix_pw.errors import UsageError
-from tunix_pw.models import checkpoints, lora, tokenizers
+from tunix_pw.models import checkpoints, hf, lora, presets, tokenizers
 from tunix_pw.models.decoder import Decoder
 from tunix_pw.models.config import ModelConfig
 from tunix_pw.models.tokenizers import Tokenizer
@@ -38,6 +38,17 @@ def is_workdir(path: str) -> bool:
 def _trained_config(workdir: str) -> ml_collections.ConfigDict:
   with open(os.path.join(workdir, 'config.json')) as f:
     return ml_collections.ConfigDict(json.load(f))
+
+
+def architecture(block: Any) -> ModelConfig:
+  """A model block's architecture, from shapes only: a trained workdir's
+  model, a visible Hugging Face checkpoint's config, or the preset."""
+  if is_workdir(block.checkpoint):
+    return architecture(_trained_config(block.checkpoint).model)
+  if (block.checkpoint and os.path.isdir(block.checkpoint) and
+      checkpoints.detect(block.checkpoint) == checkpoints.HF):
+    return hf.read_config(block.checkpoint)
+  return presets.PRESETS[block.preset]
 
 
 def tokenizer(block: Any) -> Tokenizer:
