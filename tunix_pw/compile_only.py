@@ -109,8 +109,8 @@ def on_mesh(state: nnx.State, mesh: Any, rules: Any) -> nnx.State:
 def batch_on(mesh: Any, rules: Any,
              shapes: dict[str, tuple[tuple[int, ...], Any]]) -> dict[str, Any]:
   """A batch as shapes, split over the mesh's batch axes like the jobs'."""
-  return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding.named(
-      mesh, shape, ('batch',) + (None,) * (len(shape) - 1), rules))
+  return {k: jax.ShapeDtypeStruct(shape, dtype,
+                                  sharding=sharding.batch(mesh, shape, rules))
           for k, (shape, dtype) in shapes.items()}
 
 

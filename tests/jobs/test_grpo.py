@@ -163,3 +163,38 @@ def test_after_a_sync_the_rollout_engine_is_the_actor():
   greedy = SamplingConfig(max_new_tokens=8, greedy=True)
   np.testing.assert_array_equal(engine.generate(prompts, greedy).tokens,
                                 own.generate(prompts, greedy).tokens)
+
+
+def test_two_controllers_match_one(tmp_path):
+  """A real multi-controller run (launch/local.py: 2 processes x 4 CPU
+  devices) of the collocated pulse with evaluation: every process holds the
+  whole rollout, and the figures equal the one-process run's."""
+  args = ['--config=tunix_pw/configs/grpo.py:runlocal', *PULSE, *COLLOCATED,
+          '--config.eval_examples=20']
+  one = helpers.run_main(*args, f'--workdir={tmp_path / "one"}')
+  assert one.returncode == 0, one.stderr[-3000:]
+  two = helpers.launch_local(2, *args, f'--workdir={tmp_path / "two"}')
+  assert two.returncode == 0, two.stdout[-3000:]
+  logged = [metrics.read(str(tmp_path / run)) for run in ('one', 'two')]
+  assert len(logged[0]) == len(logged[1]) == 4  # eval, 2 steps, eval
+  for a, b in zip(*logged):
+    assert a.keys() == b.keys()
+    # Not results: timings, and compilations (fetches across processes
+    # compile programs a single process does not need).
+    for key in a.keys() - {'step', 'compilations'} - {
+        k for k in a if 'time' in k or k.endswith('per_s')}:
+      np.testing.assert_allclose(b[key], a[key], rtol=1e-6, atol=1e-7,
+                                 err_msg=key)
+
+
+def test_an_actor_on_one_of_two_controllers_is_refused(tmp_path):
+  """Disaggregated over 2 processes x 4 devices, the actor (devices 0-3)
+  lives on process 0 only: Orbax could not checkpoint it, so the run stops
+  before its first step with exit 2 and one sentence."""
+  result = helpers.launch_local(
+      2, '--config=tunix_pw/configs/grpo.py:runlocal', *PULSE,
+      f'--workdir={tmp_path}')
+  assert result.returncode == 2, result.stdout[-3000:]
+  assert ('the trained state lives on the devices of processes [0] only'
+          in result.stdout)
+  assert not (tmp_path / 'metrics.jsonl').exists()

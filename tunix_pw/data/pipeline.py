@@ -197,8 +197,7 @@ def place(batch: dict[str, np.ndarray], mesh: Any,
   out = {}
   for key, local in batch.items():
     global_shape = (local.shape[0] * jax.process_count(),) + local.shape[1:]
-    target = sharding.named(mesh, global_shape,
-                            ('batch',) + (None,) * (local.ndim - 1), rules)
+    target = sharding.batch(mesh, global_shape, rules)
     out[key] = jax.make_array_from_process_local_data(target, local,
                                                       global_shape)
   return out

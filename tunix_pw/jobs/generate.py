@@ -7,13 +7,13 @@ import json
 from typing import Any
 
 from etils import epath
-import numpy as np
 
 from tunix_pw import console
 from tunix_pw.data import formats
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints, tokenizers
 from tunix_pw.runtime import backend, meshes as meshes_lib
+from tunix_pw.runtime.fetch import fetch
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.sampling.rollout import SamplingConfig
 from tunix_pw.sampling.sampler import make_sampler
@@ -98,9 +98,8 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
       batch = texts[start:start + config.batch_size]
       out = sampler.generate(
           [tokenizer.encode(t, add_bos=True) for t in batch], sampling)
-      tokens, logprobs, lengths = (np.asarray(out.tokens),
-                                   np.asarray(out.logprobs),
-                                   np.asarray(out.lengths))
+      tokens, logprobs, lengths = fetch((out.tokens, out.logprobs,
+                                         out.lengths))
       for row, text in enumerate(batch):
         n = int(lengths[row])
         records.append(dict(prompt=text,

@@ -191,7 +191,9 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
     return writer.write(step, {f'eval/{k}': v for k, v in result.items()})
 
   def on_mesh(arrays, mesh):
-    return pipeline.place(arrays, mesh, rules)
+    # Every process holds the whole rollout (they generated it in step).
+    return {k: jax.device_put(v, sharding.batch(mesh, v.shape, rules))
+            for k, v in arrays.items()}
 
   def logps_in_chunks(params_state, arrays, mesh):
     size = rl.logps_micro_batch_size
@@ -230,7 +232,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
         extra['old_logps'] = logps_in_chunks(current, sequences, actor_mesh)
       # On the actor mesh, sharded like the batch they go with.
       extra, _ = reshard.transfer(extra, {
-          k: sharding.named(actor_mesh, v.shape, ('batch', None), rules)
+          k: sharding.batch(actor_mesh, v.shape, rules)
           for k, v in extra.items()}, runtime)
       timer['logps'] = time.perf_counter() - clock
       preemption.check(lambda: save(step))  # pylint: disable=cell-var-from-loop

@@ -78,7 +78,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
           for k, s in shapes.items()}
   teacher = rng.standard_normal((d_in, d_in)).astype(np.float32) / d_in**0.5
   x_host = rng.standard_normal((config.batch_size, d_in)).astype(np.float32)
-  batch_sh = sharding.named(actor, x_host.shape, ('batch', None), rules)
+  batch_sh = sharding.batch(actor, x_host.shape, rules)
   params = {k: _place(v, actor_sh[k]) for k, v in host.items()}
   x = _place(x_host, batch_sh)
   y = _place(np.tanh(x_host @ teacher), batch_sh)

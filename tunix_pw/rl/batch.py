@@ -18,6 +18,7 @@ import numpy as np
 
 from tunix_pw.data import pipeline
 from tunix_pw.rl import rewards as rewards_lib
+from tunix_pw.runtime.fetch import fetch
 
 
 @dataclasses.dataclass
@@ -70,7 +71,7 @@ def rollout(sampler: Any, data: Iterator[list[dict[str, Any]]],
     out = sampler.generate(
         [p['prompt'] for p in prompts for _ in range(rl.num_generations)],
         sampling(counts['rounds']))
-    tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+    tokens, lengths = fetch((out.tokens, out.lengths))
     counts['generated'] += int(lengths.sum())
     for i, prompt in enumerate(prompts):
       rows = range(i * rl.num_generations, (i + 1) * rl.num_generations)

@@ -41,6 +41,11 @@ def named(mesh: Mesh, shape: Sequence[int],
   return NamedSharding(mesh, spec(shape, logical_axes, mesh, rules))
 
 
+def batch(mesh: Mesh, shape: Sequence[int], rules: Rules) -> NamedSharding:
+  """Rows over the mesh's batch axes, every other dimension whole."""
+  return named(mesh, shape, ('batch',) + (None,) * (len(shape) - 1), rules)
+
+
 def tree_shardings(mesh: Mesh, shapes: object, logical: object,
                    rules: Rules) -> object:
   """Shardings for a pytree of shapes (anything with .shape) and a matching

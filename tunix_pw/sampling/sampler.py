@@ -147,7 +147,7 @@ class Sampler:
                 greedy=sampling.is_greedy)
 
   def _batch_sharding(self, shape: tuple[int, ...]) -> Any:
-    return sharding.named(self.mesh, shape, ('batch', None), self.rules)
+    return sharding.batch(self.mesh, shape, self.rules)
 
   def _put_batch(self, x: np.ndarray) -> jax.Array:
     if self.mesh is None:

@@ -18,6 +18,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from tunix_pw.errors import UsageError
+
 DIRECTORY = 'checkpoints'
 
 
@@ -49,6 +51,7 @@ class Checkpointer:
   def restore(self, like: Any) -> tuple[Any, dict[str, Any], int] | None:
     """The latest readable checkpoint into the shardings of `like` (a state
     of arrays or ShapeDtypeStructs), or None when there is none."""
+    _check_every_process_holds(like)
     target = _abstract(like)
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
@@ -85,3 +88,20 @@ def latest_params(workdir: str, like: Any) -> Any:
           item=target, partial_restore=True,
           restore_args=ocp.checkpoint_utils.construct_restore_args(target))))
   return restored.state['params']
+
+
+def _check_every_process_holds(state: Any) -> None:
+  """Orbax writes each array from the processes that hold a share of it and
+  expects every process to hold one: a state on some hosts' devices only (a
+  disaggregated multi-controller layout) could never be saved."""
+  if jax.process_count() == 1:
+    return
+  for x in jax.tree.leaves(state):
+    processes = {d.process_index for d in x.sharding.device_set}
+    if len(processes) < jax.process_count():
+      raise UsageError(
+          f'the trained state lives on the devices of processes '
+          f'{sorted(processes)} only, and multi-controller checkpoints need '
+          f'a share on each of the {jax.process_count()}; give the actor '
+          'devices on every host (e.g. --config.meshes.actor.devices=all '
+          'with --config.meshes.layout=collocated) or run on Pathways.')

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 import math
 
-import numpy as np
 
 from tunix_pw.models.tokenizers import Tokenizer
+from tunix_pw.runtime.fetch import fetch
 from tunix_pw.sampling.rollout import RolloutEngine, SamplingConfig
 
 
@@ -33,7 +33,7 @@ def completions(engine: RolloutEngine, tokenizer: Tokenizer,
     chunk = list(prompts[start:start + batch_size])
     padded = chunk + [chunk[-1]] * (batch_size - len(chunk))  # one shape
     out = engine.generate(padded, greedy)
-    tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+    tokens, lengths = fetch((out.tokens, out.lengths))
     for row in range(len(chunk)):
       ids = [t for t in tokens[row, :lengths[row]]
              if t not in tokenizer.stop_ids]
