@@ -2,7 +2,7 @@ r"""Submits a tunix_pw job to GKE through XPK.
 
   python launch/xpk.py --xpk_config=xpk_configs/v5p-64-pathways.yaml \
       --config=tunix_pw/configs/grpo.py:gemma2-2b [--config.x=y ...] \
-      --workdir=gs://bucket/run [--workload=NAME] [--dry_run]
+      --workdir=/gcs/bucket/run [--workload=NAME] [--dry_run]
 
 The run config is validated first, exactly as `tunix_pw.main` does before
 any device work (files the config names are checked where the job runs, not
@@ -216,10 +216,11 @@ def launch(argv: list[str]) -> str:
   config = tunix_main.CONFIG.value
   tunix_main.static_checks(config)
   workdir = tunix_main.WORKDIR.value
-  if not (workdir.startswith('gs://') or os.path.isabs(workdir)):
-    raise UsageError(f'--workdir={workdir!r} must outlive the pods (restarts '
-                     'resume from it): use gs://bucket/path or a mounted '
-                     'absolute path.')
+  if '://' in workdir or not os.path.isabs(workdir):
+    raise UsageError(f'--workdir={workdir!r} must be an absolute path that '
+                     'outlives the pods (restarts resume from it): mount the '
+                     'bucket with GCS FUSE and pass e.g. /gcs/bucket/run '
+                     '(metrics and stage directories use local file APIs).')
   grace, grace_note = termination_grace(config, xpk_config)
   command = shlex.join(['python', '-m', 'tunix_pw.main'] + job_flags(argv))
   workload = workload_name(config)

@@ -14,7 +14,7 @@ from tests.helpers import ROOT, env, error_lines
 CONFIGS = os.path.join(ROOT, 'xpk_configs')
 RUN = ['--config=tunix_pw/configs/grpo.py:gemma2-2b',
        '--config.data.name=arithmetic', '--config.rl.kl_beta=0.01',
-       '--workdir=gs://bucket/runs/r1']
+       '--workdir=/gcs/bucket/runs/r1']
 
 
 def launch(tmp_path, *args: str) -> subprocess.CompletedProcess:
@@ -50,7 +50,7 @@ def test_dry_run_renders_the_jobset(tmp_path, name):
   script = container['command'][-1]
   assert ('python -m tunix_pw.main --config=tunix_pw/configs/grpo.py:'
           'gemma2-2b --config.data.name=arithmetic --config.rl.kl_beta=0.01 '
-          '--workdir=gs://bucket/runs/r1') in script
+          '--workdir=/gcs/bucket/runs/r1') in script
   assert container['image'] == infra['image']
   env_vars = {e['name']: e.get('value') for e in container['env'] or []}
   for key, value in infra['env'].items():
@@ -114,15 +114,18 @@ def test_a_bad_xpk_config_fails_before_xpk(tmp_path, change, message):
 
 
 @pytest.mark.parametrize('args, message', [
-    (['--config=tunix_pw/configs/grpo.py:gemma9-1b', '--workdir=gs://b/r'],
+    (['--config=tunix_pw/configs/grpo.py:gemma9-1b', '--workdir=/gcs/b/r'],
      "preset='gemma9-1b' is unknown"),
     (['--config=tunix_pw/configs/grpo.py:gemma2-2b',
       '--config.data.name=arithmetic', '--config.rl.micro_batch_size=7',
-      '--workdir=gs://b/r'],
+      '--workdir=/gcs/b/r'],
      'micro_batch_size=7'),
     (['--config=tunix_pw/configs/grpo.py:gemma2-2b',
       '--config.data.name=arithmetic', '--workdir=runs/r1'],
-     "--workdir='runs/r1' must outlive the pods"),
+     "--workdir='runs/r1' must be an absolute path"),
+    (['--config=tunix_pw/configs/grpo.py:gemma2-2b',
+      '--config.data.name=arithmetic', '--workdir=gs://b/r'],
+     'mount the bucket with GCS FUSE'),
 ])
 def test_the_run_config_is_validated_first(tmp_path, args, message):
   manifest = tmp_path / 'm.yaml'

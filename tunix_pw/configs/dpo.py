@@ -6,7 +6,7 @@
       --config.dpo.algorithm=orpo --workdir=/tmp/orpo
   python -m tunix_pw.main --config=tunix_pw/configs/dpo.py:gemma2-2b \
       --config.model.checkpoint=/ckpt/gemma-2-2b-it \
-      --config.data.manual_dir=/data/prefs --workdir=gs://bucket/dpo
+      --config.data.manual_dir=/data/prefs --workdir=/gcs/bucket/dpo
 
 arg: a model preset, or 'runlocal' (tiny Gemma; the built-in arithmetic
 preference pairs: right answer over a near miss).

@@ -6,7 +6,7 @@
       --workdir=/tmp/dapo
   python -m tunix_pw.main --config=tunix_pw/configs/grpo.py:gemma2-2b \
       --config.model.checkpoint=/ckpt/gemma-2-2b-it --config.data.name=gsm8k \
-      --config.data.manual_dir=/data/gsm8k --workdir=gs://bucket/grpo
+      --config.data.manual_dir=/data/gsm8k --workdir=/gcs/bucket/grpo
 
 arg: `<model preset or runlocal>[,<variant>]`, variant one of grpo, dapo,
 drgrpo, gspo (default grpo). A variant is only a set of the registered

@@ -5,7 +5,7 @@
   python -m tunix_pw.main --config=tunix_pw/configs/sft.py:gemma2-2b \
       --config.model.checkpoint=/ckpt/gemma-2-2b --config.data.name=chat \
       --config.data.manual_dir=/data/chat --config.lora.rank=16 \
-      --workdir=gs://bucket/sft
+      --workdir=/gcs/bucket/sft
 
 arg: a model preset name, or 'runlocal' (a tiny Gemma on arithmetic with the
 character tokenizer, 8 virtual CPU devices as fsdp=4 x tp=2).
