@@ -20,7 +20,8 @@ def test_demo_runs_end_to_end(tmp_path):
   assert '95% CI' in result.stdout and 'n=500' in result.stdout
   grpo = [m for m in metrics.read(str(tmp_path / 'grpo')) if 'loss' in m]
   assert len(grpo) == 200 and grpo[0]['sync_bytes'] > 0
-  assert ("actor {'fsdp': 4} on 4 devices (ids 0..3), rollout "
+  assert ("pipeline: grpo meshes: actor {'fsdp': 4} on 4 devices (ids 0..3), "
+          "reference {'fsdp': 4} on 4 devices (ids 0..3), rollout "
           "{'fsdp': 1, 'tp': 4} on 4 devices (ids 4..7)") in result.stdout
   png = (tmp_path / 'progress.png').read_bytes()
   assert png[:8] == b'\x89PNG\r\n\x1a\n'

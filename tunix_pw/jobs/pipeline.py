@@ -69,14 +69,15 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
     if previous and not stage.model.checkpoint:
       with stage.unlocked():
         stage.model.checkpoint = previous
+    stage_meshes = meshes_lib.build(stage.meshes, runtime.devices)
     if runtime.is_coordinator:  # a stage's workdir is a checkpoint of its own
       with open(os.path.join(stage_dir, 'config.json'), 'w') as f:
         f.write(stage.to_json_best_effort(indent=2))
-    jobs.get(stage.job).run(stage, runtime,
-                            meshes_lib.build(stage.meshes, runtime.devices),
-                            stage_dir, preemption)
+      print(f'pipeline: {name} meshes: {stage_meshes.describe()}', flush=True)
+    jobs.get(stage.job).run(stage, runtime, stage_meshes, stage_dir,
+                            preemption)
     previous = stage_dir
-    if (result := final_eval(stage_dir)) is not None:
+    if runtime.is_coordinator and (result := final_eval(stage_dir)):
       summary.append((name, result))
   if runtime.is_coordinator:
     for name, r in summary:
