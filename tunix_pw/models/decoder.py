@@ -15,6 +15,7 @@ and positions (sliding windows), so left-padded rows are exact.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import flax
@@ -90,12 +91,20 @@ class Layer(nnx.Module):
       self.post_attn_norm = norm()
       self.post_mlp_norm = norm()
 
-  def __call__(self, x, positions, masks, kv_cache, slot, shard: Sharder):
+  def __call__(self, x, positions, masks, cache, index, slot,
+               shard: Sharder):
+    """`cache`: this pattern position's stacked (keys, values), each
+    [repeats, B, K, S, H], or None; this layer's keys and values are written
+    at [index, ..., slot] in place and the queries attend to its slice."""
     h = self.pre_attn_norm(x)
     k, v = self.attn.project_kv(h, positions, self.rope)
-    if kv_cache is not None:  # write this step's keys/values, attend to all
-      k = jax.lax.dynamic_update_slice_in_dim(kv_cache[0], k, slot, axis=2)
-      v = jax.lax.dynamic_update_slice_in_dim(kv_cache[1], v, slot, axis=2)
+    if cache is not None:
+      cache = tuple(
+          jax.lax.dynamic_update_slice(
+              stack, new[None].astype(stack.dtype), (index, 0, 0, slot, 0))
+          for stack, new in zip(cache, (k, v)))
+      k, v = (jax.lax.dynamic_index_in_dim(stack, index, keepdims=False)
+              for stack in cache)
     a = self.attn(h, positions, self.rope, masks[self.layer_type], (k, v))
     if self.post_norms:
       a = self.post_attn_norm(a)
@@ -103,7 +112,7 @@ class Layer(nnx.Module):
     m = self.mlp(self.pre_mlp_norm(x), shard)
     if self.post_norms:
       m = self.post_mlp_norm(m)
-    return shard(x + m, 'batch', None, None), (k, v)
+    return shard(x + m, 'batch', None, None), cache
 
 
 class Decoder(nnx.Module):
@@ -188,34 +197,37 @@ class Decoder(nnx.Module):
     return logits, cache
 
   def _run_group(self, group, x, positions, masks, group_cache, slot, shard):
+    """Runs a group's repeats; its cache ((keys, values) per pattern
+    position) is carried through them and updated in place, so a decode step
+    copies no cache."""
     graphdef, state = nnx.split(group)
     dtype = self.dtype
 
-    def body(x, xs):
-      layer_state, kv = xs
+    def body(carry, xs):
+      x, cache = carry
+      layer_state, index = xs
       layer_state = jax.tree.map(lambda p: p.astype(dtype), layer_state)
-      out_k, out_v = [], []
+      out = []
       for i, layer in enumerate(nnx.merge(graphdef, layer_state)):
-        x, (k, v) = layer(x, positions, masks,
-                          None if kv is None else (kv[0][i], kv[1][i]),
-                          slot, shard)
-        out_k.append(k)
-        out_v.append(v)
-      # Without a cache the keys/values are not kept: no [layers, ...] ys.
-      return x, None if kv is None else (tuple(out_k), tuple(out_v))
+        x, kv = layer(x, positions, masks,
+                      None if cache is None else (cache[0][i], cache[1][i]),
+                      index, slot, shard)
+        out.append(kv)
+      if cache is not None:
+        cache = (tuple(kv[0] for kv in out), tuple(kv[1] for kv in out))
+      return (x, cache), None
 
     policy = REMAT_POLICIES[self.remat]
     if self.remat != 'none':
       body = jax.checkpoint(body, policy=policy, prevent_cse=not self.scan)
-    if self.scan:
-      return jax.lax.scan(body, x, (state, group_cache))
     repeats = jax.tree.leaves(state)[0].shape[0]
-    outs = []
-    for r in range(repeats):
-      take = lambda a: a[r]  # pylint: disable=cell-var-from-loop
-      x, out = body(x, jax.tree.map(take, (state, group_cache)))
-      outs.append(out)
-    return x, jax.tree.map(lambda *a: jnp.stack(a), *outs)
+    carry = (x, group_cache)
+    if self.scan:
+      carry, _ = jax.lax.scan(body, carry, (state, jnp.arange(repeats)))
+    else:
+      for r in range(repeats):
+        carry, _ = body(carry, (jax.tree.map(operator.itemgetter(r), state), r))
+    return carry
 
 
 def abstract(cfg: ModelConfig, **kwargs) -> Decoder:
