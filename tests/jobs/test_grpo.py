@@ -87,8 +87,10 @@ runpy.run_module('tunix_pw.main', run_name='__main__')
 
 
 def test_num_iterations_two_clips(tmp_path):
+  # One mini-batch per iteration: the logged second iteration holds every
+  # group (with smaller ones it may hold only groups of equal rewards,
+  # whose advantages are 0 and never clip).
   result = run_grpo('runlocal', *PULSE, '--config.rl.num_iterations=2',
-                    '--config.rl.mini_batch_size=32',
                     '--config.rl.rewards=by_length:1',
                     '--config.optimizer.learning_rate=1e-2',
                     workdir=tmp_path, wrapper=SPLIT_REWARD)

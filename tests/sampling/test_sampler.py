@@ -2,6 +2,8 @@
 invariance, sampling statistics, logprobs, compilation counts, sharding,
 stops, and weight updates."""
 
+import re
+
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -14,6 +16,7 @@ from tests.models import hf_models
 from tunix_pw.configs import common
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints
+from tunix_pw.models.decoder import Cache
 from tunix_pw.sampling import rules
 from tunix_pw.sampling.rollout import SamplingConfig
 from tunix_pw.sampling.sampler import Sampler
@@ -97,6 +100,23 @@ def test_compiles_once_per_bucket(model):
   assert sampler.traces == 3  # another decoding rule
 
 
+def test_the_compiled_loop_copies_no_cache_and_sorts_nothing(model):
+  """Per decode step the cache is updated in place (a scan that returned it
+  as outputs copied every layer's cache each step) and top-p finds its
+  threshold without sorting the vocabulary."""
+  mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ('fsdp', 'tp'))
+  sampler = Sampler(model, pad_id=0, eos_ids=(), mesh=mesh,
+                    rules=common.sharding())
+  config = SamplingConfig(max_new_tokens=16, temperature=1.0, top_p=0.9)
+  hlo = sampler.lower(3, 16, config).compile().as_text()
+  cache = Cache.empty(model.cfg, 3, 32).k[0][0]
+  shape = f'f32[{",".join(map(str, cache.shape))}]'
+  loops = hlo[:hlo.index('\nENTRY')]  # every computation but the entry
+  assert f'{shape}' in loops  # the cache is there, by this name
+  assert not re.search(rf'= {re.escape(shape)}{{[0-9,]*}} copy\(', loops)
+  assert ' sort(' not in hlo
+
+
 def test_stops_per_row_and_masks(model):
   sampler = Sampler(model, pad_id=0, eos_ids=())
   free = sampler.generate(PROMPTS, SamplingConfig(max_new_tokens=10,
@@ -116,32 +136,45 @@ def test_stops_per_row_and_masks(model):
 
 
 def test_sampling_statistics_on_fixed_logits():
-  logits = jnp.log(jnp.array([0.30, 0.25, 0.15, 0.12, 0.08, 0.05, 0.03,
-                              0.02]))
+  # Probabilities in a scrambled vocabulary order: the nucleus and the top k
+  # are not a prefix of the vocabulary.
+  ranked = np.array([0.30, 0.25, 0.15, 0.12, 0.08, 0.05, 0.03, 0.02])
+  order = np.array([3, 0, 6, 1, 7, 2, 5, 4])  # token of the i-th best
+  probs = np.zeros(8)
+  probs[order] = ranked
   draws = 40_000
-  batch = jnp.broadcast_to(logits, (draws, 8))
-  key = jax.random.key(0)
+  batch = jnp.broadcast_to(jnp.log(jnp.asarray(probs, jnp.float32)),
+                           (draws, 8))
+  uniform = jax.random.uniform(jax.random.key(0), (draws,))
 
   def frequencies(**kw):
-    tokens = rules.sample(batch, key, jnp.float32(1.0),
+    tokens = rules.sample(batch, uniform, jnp.float32(1.0),
                           jnp.float32(kw.pop('top_p', 1.0)), **kw)
     return np.bincount(np.asarray(tokens), minlength=8)
 
-  probs = np.exp(np.asarray(logits, np.float64))
-  for kwargs, allowed in [
-      (dict(top_k=3, use_top_p=False), [0, 1, 2]),
-      (dict(top_k=0, use_top_p=True, top_p=0.65), [0, 1, 2]),  # 0.30+.25+.15
-      (dict(top_k=5, use_top_p=True, top_p=0.5), [0, 1]),
-      (dict(top_k=0, use_top_p=False), list(range(8))),
+  for kwargs, best in [
+      (dict(top_k=3, use_top_p=False), 3),
+      (dict(top_k=0, use_top_p=True, top_p=0.65), 3),  # 0.30+.25+.15
+      (dict(top_k=5, use_top_p=True, top_p=0.5), 2),
+      (dict(top_k=0, use_top_p=False), 8),
   ]:
     counts = frequencies(greedy=False, **kwargs)
-    outside = [i for i in range(8) if i not in allowed]
-    assert counts[outside].sum() == 0, kwargs
+    allowed = order[:best]
+    assert counts.sum() - counts[allowed].sum() == 0, kwargs
     expected = probs[allowed] / probs[allowed].sum() * counts.sum()
     assert stats.chisquare(counts[allowed], expected).pvalue > 1e-3, kwargs
-  greedy = rules.sample(batch[:4], key, jnp.float32(1.0), jnp.float32(1.0),
-                        top_k=0, use_top_p=False, greedy=True)
-  assert (np.asarray(greedy) == 0).all()
+  greedy = rules.sample(batch[:4], uniform[:4], jnp.float32(1.0),
+                        jnp.float32(1.0), top_k=0, use_top_p=False,
+                        greedy=True)
+  assert (np.asarray(greedy) == order[0]).all()
+
+
+def test_nucleus_threshold_is_exact_and_keeps_ties():
+  probs = jnp.array([[0.2, 0.4, 0.2, 0.2], [0.1, 0.6, 0.25, 0.05]])
+  for top_p, expected in [(0.4, [0.4, 0.6]), (0.5, [0.2, 0.6]),
+                          (0.61, [0.2, 0.25]), (0.9, [0.2, 0.1])]:
+    got = rules.nucleus_threshold(probs, jnp.float32(top_p))
+    np.testing.assert_array_equal(got, np.float32(expected))
 
 
 def test_seeded_and_deterministic(model):

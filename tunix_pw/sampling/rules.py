@@ -17,27 +17,45 @@ def bucket(n: int, smallest: int = 16) -> int:
   return size
 
 
-def sample(logits: jax.Array, key: jax.Array, temperature: jax.Array,
+def sample(logits: jax.Array, uniform: jax.Array, temperature: jax.Array,
            top_p: jax.Array, *, top_k: int, use_top_p: bool,
            greedy: bool) -> jax.Array:
-  """One token per row of logits [B, V] (float32).
+  """One token per row of logits [B, V] (float32), drawn by inverting the
+  row's CDF at `uniform` [B] (in [0, 1)): one random number per row, and no
+  sort of the vocabulary.
 
-  top_k (static) keeps the k best; top_p (with use_top_p) keeps the smallest
-  prefix of the sorted distribution whose mass reaches top_p; the rest is
-  renormalised. Greedy ignores both."""
+  top_k (static) keeps the k best; top_p (with use_top_p) keeps the fewest
+  most likely tokens whose mass reaches top_p (all tokens tied at the
+  boundary); the rest is renormalised. Greedy ignores both."""
   if greedy:
     return jnp.argmax(logits, axis=-1)
-  logits = logits / temperature
-  if not top_k and not use_top_p:
-    return jax.random.categorical(key, logits, axis=-1)
+  values, indices = logits / temperature, None
   if top_k:
-    values, indices = jax.lax.top_k(logits, top_k)
-  else:  # the whole vocabulary, best first
-    indices = jnp.argsort(-logits, axis=-1)
-    values = jnp.take_along_axis(logits, indices, axis=-1)
+    values, indices = jax.lax.top_k(values, top_k)
+  probs = jax.nn.softmax(values, axis=-1)
   if use_top_p:
-    probs = jax.nn.softmax(values, axis=-1)
-    before = jnp.cumsum(probs, axis=-1) - probs  # mass of better tokens
-    values = jnp.where(before < top_p, values, NEG_INF)
-  choice = jax.random.categorical(key, values, axis=-1)
+    probs = jnp.where(probs >= nucleus_threshold(probs, top_p)[:, None],
+                      probs, 0.0)
+  cdf = jnp.cumsum(probs, axis=-1)
+  # The first token whose CDF reaches a point in (0, mass]: never a token
+  # of probability 0, since its CDF equals its predecessor's.
+  point = (1.0 - uniform)[:, None] * cdf[:, -1:]
+  choice = jnp.sum(cdf < point, axis=-1)
+  if indices is None:
+    return choice
   return jnp.take_along_axis(indices, choice[:, None], axis=-1)[:, 0]
+
+
+def nucleus_threshold(probs: jax.Array, top_p: jax.Array) -> jax.Array:
+  """Per row of probs [B, V], the largest t with mass(probs >= t) >= top_p.
+
+  Non-negative float32s order like their bit patterns, so the threshold is
+  built bit by bit from the top (31 masked sums, each O(V)): exact, where a
+  sort would cost O(V log V) per row."""
+  bits = jnp.zeros(probs.shape[:1], jnp.int32)
+  for bit in reversed(range(31)):
+    candidate = bits | (1 << bit)
+    t = jax.lax.bitcast_convert_type(candidate, jnp.float32)
+    mass = jnp.sum(jnp.where(probs >= t[:, None], probs, 0.0), axis=-1)
+    bits = jnp.where(mass >= top_p, candidate, bits)
+  return jax.lax.bitcast_convert_type(bits, jnp.float32)

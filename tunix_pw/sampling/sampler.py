@@ -169,14 +169,16 @@ class Sampler:
     logits, cache = model(tokens, positions, segments, cache, 0, shard=shard,
                           last_only=True)
     next_position = positions[:, -1] + 1
+    # Every step's random numbers at once: one per row and step, drawn
+    # outside the loop (a few KB; the loop then runs no generator).
+    uniforms = jax.random.uniform(key, (budget, batch))
     pick = functools.partial(decoding.sample, temperature=temperature,
                              top_p=top_p, top_k=top_k, use_top_p=use_top_p,
                              greedy=greedy)
 
     def body(state):
-      step, cache, last, out_tokens, out_logprobs, lengths, done, key = state
-      key, sub = jax.random.split(key)
-      token = pick(last, sub).astype(jnp.int32)
+      step, cache, last, out_tokens, out_logprobs, lengths, done = state
+      token = pick(last, uniforms[step]).astype(jnp.int32)
       logprob = jnp.take_along_axis(jax.nn.log_softmax(last), token[:, None],
                                     axis=-1)[:, 0]
       live = ~done
@@ -190,7 +192,7 @@ class Sampler:
                             live.astype(jnp.int32)[:, None], cache,
                             prompt_len + step, shard=shard)
       return (step + 1, cache, logits[:, 0], out_tokens, out_logprobs,
-              lengths, done, key)
+              lengths, done)
 
     def cond(state):
       step, done = state[0], state[6]
@@ -199,8 +201,8 @@ class Sampler:
     init = (jnp.int32(0), cache, logits[:, -1],
             jnp.full((batch, budget), self.pad_id, jnp.int32),
             jnp.zeros((batch, budget), jnp.float32),
-            jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool), key)
-    _, _, _, out_tokens, out_logprobs, lengths, _, _ = jax.lax.while_loop(
+            jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool))
+    _, _, _, out_tokens, out_logprobs, lengths, _ = jax.lax.while_loop(
         cond, body, init)
     mask = jnp.arange(budget)[None] < lengths[:, None]
     return out_tokens, out_logprobs, mask, lengths
