@@ -36,16 +36,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   c.grpo = grpo.get_config('runlocal')
   # 256 samples per update: with 64, the gradient noise of a tiny model's
-  # rewards outweighed the signal and held-out accuracy stayed flat.
+  # rewards outweighed the signal and held-out accuracy stayed flat. About a
+  # third of the groups are all right or all wrong (advantage 0): dynamic
+  # sampling replaces them with informative ones (over seeds 0 and 1: +15
+  # and +10 points, against +9 for both without it), and the run then
+  # needs no reference model (no KL term).
   c.grpo.steps = 200
   c.grpo.rl.update(prompts_per_step=32, mini_batch_size=256,
-                   micro_batch_size=64, logps_micro_batch_size=128)
+                   micro_batch_size=64, logps_micro_batch_size=128,
+                   dynamic_sampling=True, kl_beta=0.0)
   c.grpo.optimizer.learning_rate = 2e-4
   c.grpo.eval_every = 50
   c.grpo.log_every = 1
   c.grpo.checkpoint.every = 0
   c.grpo.meshes = common.meshes('disaggregated', actor=ACTOR,
-                                reference=('fsdp=4', 'actor'),
                                 rollout=ROLLOUT)
 
   c.runtime = common.runtime(host_device_count=8)

@@ -184,6 +184,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   def save(step: int) -> None:
     checkpointer.save(step, state, data.state())
 
+  @functools.cache  # the last step may be an eval_every step too
   def evaluate_now(step: int) -> dict[str, float]:
     result = evaluate.exact_match(
         sampler, tokenizer, eval_prompts, eval_answers, rl.max_new_tokens,

@@ -137,6 +137,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   def save(step: int) -> None:
     checkpointer.save(step, state, data.state())
 
+  @functools.cache  # the last step may be an eval_every step too
   def evaluate_now(step: int) -> dict[str, float]:
     sampler.update_weights(state.params)
     result = evaluate.exact_match(
