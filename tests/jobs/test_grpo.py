@@ -2,6 +2,7 @@
 with num_iterations=2, dynamic sampling, LoRA syncing adapters only,
 bit-identical resume; weight sync makes the rollout engine the actor."""
 
+import functools
 import os
 import signal
 import subprocess
@@ -143,6 +144,46 @@ def test_resume_after_sigkill_is_bit_identical(tmp_path):
   for a, b in zip(restore('straight'), restore('killed')):
     np.testing.assert_array_equal(a, b)
   assert os.listdir(tmp_path / 'killed' / 'tensorboard')
+
+
+TERM_IN_ROLLOUT = '''
+import os, runpy, signal, sys
+from tunix_pw.rl.registry import register
+
+calls = [0]
+
+@register('reward', 'by_length_term')
+def by_length_term(sample):
+  """by_length, and SIGTERM to this process at the call TERM_AT_CALL names
+  (inside a step's rollout, before any update of that step)."""
+  calls[0] += 1
+  if calls[0] == int(os.environ.get('TERM_AT_CALL', '0')):
+    os.kill(os.getpid(), signal.SIGTERM)
+  return float(len(sample.completion.strip()))
+
+sys.argv = ['main'] + sys.argv[1:]
+runpy.run_module('tunix_pw.main', run_name='__main__')
+'''
+
+
+def test_a_stop_inside_a_step_resumes_bit_identical(tmp_path):
+  """SIGTERM during step 3's rollout: the checkpoint holds the state after
+  step 2 and the data where step 3 began, so step 3 is redone exactly."""
+  args = ['runlocal', '--config.steps=4', '--config.eval_examples=0',
+          '--config.checkpoint.every=0', '--config.rl.rewards=by_length_term:1']
+  run = functools.partial(run_grpo, *args, wrapper=TERM_IN_ROLLOUT)
+  straight = run(workdir=tmp_path / 'straight')
+  assert straight.returncode == 0, straight.stderr[-3000:]
+  samples_per_step = 8 * 8  # prompts x generations, runlocal
+  stopped = run(workdir=tmp_path / 'stopped',
+                TERM_AT_CALL=str(2 * samples_per_step + 1))
+  assert stopped.returncode == 42, stopped.stderr[-3000:]
+  resumed = run(workdir=tmp_path / 'stopped')
+  assert resumed.returncode == 0 and 'resumed from step 2' in resumed.stdout
+  restore = lambda d: jax.tree.leaves(ocp.StandardCheckpointer().restore(
+      str(tmp_path / d / 'checkpoints' / '4' / 'state')))
+  for a, b in zip(restore('straight'), restore('stopped')):
+    np.testing.assert_array_equal(a, b)
 
 
 def test_after_a_sync_the_rollout_engine_is_the_actor():

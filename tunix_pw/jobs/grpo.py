@@ -181,8 +181,14 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   writer = metrics.Writer(workdir, runtime.is_coordinator)
   length = rl.max_prompt_length + rl.max_new_tokens
 
-  def save(step: int) -> None:
-    checkpointer.save(step, state, data.state())
+  def save(step: int, data_state: dict[str, Any] | None = None) -> None:
+    checkpointer.save(step, state, data_state or data.state())
+
+  def stop_mid_step(step: int, data_state: dict[str, Any]) -> None:
+    """A stop inside a step keeps the state before it with the data where
+    the step began: the resumed run redoes the step as it would have run."""
+    save(step, data_state)
+    checkpointer.wait()
 
   @functools.cache  # the last step may be an eval_every step too
   def evaluate_now(step: int) -> dict[str, float]:
@@ -209,13 +215,14 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
     for step in range(start, config.steps):
       done = step + 1
       timer = {}
+      stop = functools.partial(stop_mid_step, step, data.state())
       clock = time.perf_counter()
       groups, group_weights, counts = batch_lib.rollout(
           sampler, data, tokenizer, rl, reward_weights,
           lambda rounds: sampling_config(  # pylint: disable=cell-var-from-loop
               rl, config.seed * 1_000_003 + step * 101 + rounds))
       timer['rollout'] = time.perf_counter() - clock
-      preemption.check(lambda: save(step))  # pylint: disable=cell-var-from-loop
+      preemption.check(stop)
 
       clock = time.perf_counter()
       arrays = batch_lib.to_arrays(groups, group_weights, length,
@@ -236,7 +243,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
           k: sharding.batch(actor_mesh, v.shape, rules)
           for k, v in extra.items()}, runtime)
       timer['logps'] = time.perf_counter() - clock
-      preemption.check(lambda: save(step))  # pylint: disable=cell-var-from-loop
+      preemption.check(stop)
 
       clock = time.perf_counter()
       on_actor = dict(on_mesh(arrays, actor_mesh), **extra)
