@@ -30,6 +30,7 @@ ONE_DEVICE = ['--config.runtime.host_device_count=1',
            '--config.data.packing=True', '--config.eval_examples=0']),
     (DPO, []),
     (DPO, ['--config.dpo.algorithm=orpo']),
+    (DPO, ['--config.lora.rank=4']),  # reference: the shared base
 ])
 def test_two_step_pulse_on_fsdp4_tp2(tmp_path, config, extra):
   result = helpers.run_main(config, '--config.steps=2', '--config.log_every=1',

@@ -5,13 +5,17 @@ only; the merged model exports to safetensors."""
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 import pytest
 
 from tests.train.test_step import batch_with_unequal_tokens
+from tunix_pw.configs import common
 from tunix_pw.jobs.sft import sft_loss
 from tunix_pw.models import checkpoints, hf, lora, presets
+from tunix_pw.runtime import backend, meshes
+from tunix_pw.train import setup
 from tunix_pw.train import step as step_lib
 from tunix_pw.train.checkpoint import Checkpointer
 
@@ -88,3 +92,43 @@ def test_lora_checkpoints_hold_adapters_only(tmp_path):
   for a, b in zip(jax.tree.leaves(restored.params),
                   jax.tree.leaves(state.params)):
     np.testing.assert_array_equal(a, b)
+
+
+def test_a_lora_reference_is_the_shared_base_with_zero_adapters():
+  devices = jax.devices()
+  role_meshes = meshes.build(common.meshes(
+      'disaggregated', actor=('fsdp=4', '0:4'), reference=('fsdp=4', '4:8')),
+      devices)
+  runtime = backend.Runtime(backend.LOCAL, 'test', 0, 1, tuple(devices))
+  config = ml_collections.ConfigDict(dict(
+      lora=common.lora(rank=0), sharding=common.sharding()))
+  model = checkpoints.init(presets.PRESETS['tiny-gemma3'], seed=0,
+                           mesh=role_meshes['actor'], rules=config.sharding)
+  tokens = jnp.array([[5, 9, 11, 3]])
+  args = (tokens, jnp.arange(4)[None], jnp.ones_like(tokens))
+  base_logits = model(*args)[0]
+
+  # Full fine-tuning: a copy of the initial policy on the reference role.
+  graphdef, params, frozen = setup.split(model, use_lora=False)
+  state, mesh = setup.reference(config, model, graphdef, params, frozen,
+                                role_meshes, runtime)
+  assert mesh is role_meshes['reference']
+  for leaf in jax.tree.leaves(state):
+    assert leaf.sharding.mesh is mesh
+  np.testing.assert_array_equal(nnx.merge(graphdef, state)(*args)[0],
+                                base_logits)
+
+  # LoRA: the frozen base itself (no copy), adapters zero, the actor's mesh.
+  lora.apply(model, TARGETS, rank=4, alpha=8.0)
+  config.lora.rank = 4
+  graphdef, adapters, frozen = setup.split(model, use_lora=True)
+  adapters = jax.tree.map(lambda a: a + 1.0, adapters)  # trained adapters
+  state, mesh = setup.reference(config, model, graphdef, adapters, frozen,
+                                role_meshes, runtime)
+  assert mesh is role_meshes['actor']
+  shared = {id(x) for x in jax.tree.leaves(frozen)}
+  reference_leaves = jax.tree.leaves(state)
+  assert sum(id(x) in shared for x in reference_leaves) == len(shared)
+  np.testing.assert_allclose(
+      nnx.merge(nnx.graphdef(model), state)(*args)[0], base_logits,
+      atol=1e-6)

@@ -20,9 +20,8 @@ from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.jobs.data import check_data_block
 from tunix_pw.models import checkpoints
-from tunix_pw.models import tokenizers
 from tunix_pw.models.layers import Sharder
-from tunix_pw.runtime import backend, meshes as meshes_lib, reshard
+from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.train import loop, losses, metrics, optim, setup
 from tunix_pw.train import step as step_lib
@@ -90,12 +89,9 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   graphdef, params, frozen = setup.split(model, config.lora.rank > 0)
 
   reference = None
-  if algorithm != 'orpo':  # the frozen initial policy, on its own role
-    ref_mesh = meshes['reference'] if 'reference' in meshes.by_role else mesh
-    ref_state, _ = reshard.transfer(
-        nnx.state(model), checkpoints.param_shardings(nnx.state(model),
-                                                      ref_mesh, rules),
-        runtime)
+  if algorithm != 'orpo':
+    ref_state, ref_mesh = setup.reference(config, model, graphdef, params,
+                                          frozen, meshes, runtime)
     reference = jax.jit(lambda state, batch: tuple(
         sequence_logps(nnx.merge(nnx.graphdef(model), state), batch,
                        side, Sharder(ref_mesh, rules))[0]

@@ -108,14 +108,6 @@ def logps_keys(rl: Any) -> tuple[str, ...]:
       else ())
 
 
-def reference_mesh(config: Any, meshes: meshes_lib.RoleMeshes):
-  """Where the frozen reference lives: a LoRA policy's base (on the actor
-  mesh), else the reference role (or the actor's devices)."""
-  if config.lora.rank or 'reference' not in meshes.by_role:
-    return meshes['actor']
-  return meshes['reference']
-
-
 def sampling_config(rl: Any, seed: int = 0) -> SamplingConfig:
   return SamplingConfig(max_new_tokens=rl.max_new_tokens,
                         temperature=rl.temperature, top_k=rl.top_k,
@@ -147,15 +139,8 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   needed = logps_keys(rl)
   reference = None
   if 'ref_logps' in needed:
-    ref_mesh = reference_mesh(config, meshes)
-    if use_lora:  # the frozen base is the reference: adapters set to zero
-      zeros = jax.tree.map(jnp.zeros_like, params)
-      reference = (nnx.state(nnx.merge(graphdef, zeros, frozen)), ref_mesh)
-    else:  # the frozen initial policy, on its own role
-      ref_state, _ = reshard.transfer(
-          nnx.state(model), checkpoints.param_shardings(
-              nnx.state(model), ref_mesh, rules), runtime)
-      reference = (ref_state, ref_mesh)
+    reference = setup.reference(config, model, graphdef, params, frozen,
+                                meshes, runtime)
 
   optimizer, schedule = make_optimizer(config)
   state = step_lib.TrainState.create(params, optimizer, config.seed)
@@ -334,7 +319,7 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
     return compile_only.batch_on(mesh, rules, shapes)
 
   sequences = ('tokens', 'positions', 'segment_ids')
-  ref_mesh = reference_mesh(config, meshes)
+  ref_mesh = setup.reference_mesh(config, meshes)
 
   def logps_phase(name, mesh):
     params_state = compile_only.on_mesh(full_state, mesh, rules)

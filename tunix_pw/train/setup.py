@@ -10,6 +10,7 @@ from typing import Any
 
 from flax import nnx
 import jax
+import jax.numpy as jnp
 
 from tunix_pw.data import formats
 from tunix_pw.data.builders import decode
@@ -18,6 +19,7 @@ from tunix_pw.models import checkpoints, hf, lora, presets, tokenizers
 from tunix_pw.models.decoder import Decoder
 from tunix_pw.models.config import ModelConfig
 from tunix_pw.models.tokenizers import Tokenizer
+from tunix_pw.runtime import reshard
 from tunix_pw.train import checkpoint as checkpoint_lib
 import ml_collections
 
@@ -102,6 +104,28 @@ def split(model: nnx.Module, use_lora: bool):
     return nnx.split(model, lora.LoRAParam, ...)
   graphdef, params = nnx.split(model)
   return graphdef, params, None
+
+
+def reference_mesh(config: Any, meshes: Any):
+  """Where the frozen reference lives: a LoRA policy's base (on the actor
+  mesh), else the reference role (or the actor's devices)."""
+  if config.lora.rank or 'reference' not in meshes.by_role:
+    return meshes['actor']
+  return meshes['reference']
+
+
+def reference(config: Any, model: nnx.Module, graphdef: Any, params: Any,
+              frozen: Any, meshes: Any, runtime: Any) -> tuple[Any, Any]:
+  """The frozen reference policy: (state, mesh). A LoRA policy's reference
+  is its own base with zero adapters, sharing the frozen arrays (no copy);
+  otherwise the initial policy is copied onto the reference mesh."""
+  mesh = reference_mesh(config, meshes)
+  if frozen is not None:
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    return nnx.state(nnx.merge(graphdef, zeros, frozen)), mesh
+  state, _ = reshard.transfer(nnx.state(model), checkpoints.param_shardings(
+      nnx.state(model), mesh, config.sharding), runtime)
+  return state, mesh
 
 
 def heldout(name: str, source: Any, tokenizer: Tokenizer, count: int,
