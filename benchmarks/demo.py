@@ -1,0 +1,53 @@
+"""Wall time of the demo (the README's main command), end to end.
+
+Runs `python -m tunix_pw.main --config=tunix_pw/configs/demo.py` in a fresh
+process and workdir `--runs` times and prints one JSON line: the median wall
+seconds (startup, SFT, GRPO, evaluations and plot included) and each run's
+held-out accuracies after SFT and after GRPO.
+
+  python benchmarks/demo.py [--runs=3]
+
+Target: median wall time at most 180 s on this 2-core machine.
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_once() -> dict[str, float]:
+  with tempfile.TemporaryDirectory() as workdir:
+    start = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, '-m', 'tunix_pw.main',
+         '--config=tunix_pw/configs/demo.py', f'--workdir={workdir}'],
+        cwd=ROOT, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - start
+  if result.returncode:
+    sys.exit(f'the demo failed:\n{result.stderr[-3000:]}')
+  accuracy = dict(re.findall(
+      r'pipeline: after (\w+): held-out accuracy ([\d.]+)%', result.stdout))
+  return dict(wall_s=round(seconds, 1), sft_accuracy=float(accuracy['sft']),
+              grpo_accuracy=float(accuracy['grpo']))
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser()
+  parser.add_argument('--runs', type=int, default=3)
+  runs = [run_once() for _ in range(parser.parse_args().runs)]
+  print(json.dumps(dict(
+      benchmark='demo',
+      median_wall_s=statistics.median(r['wall_s'] for r in runs), runs=runs,
+      target_wall_s=180)))
+
+
+if __name__ == '__main__':
+  main()
