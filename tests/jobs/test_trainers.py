@@ -46,7 +46,7 @@ def test_two_step_pulse_on_fsdp4_tp2(tmp_path, config, extra):
 
 def test_sft_learns_two_digit_addition(tmp_path):
   """>= 80% greedy exact match on 500 held-out problems (fixed seed); the
-  same run takes about 90 s here (benchmarks/demo.py reports timings)."""
+  run takes about 90 s here."""
   result = helpers.run_main(SFT, *ONE_DEVICE, '--config.steps=1000',
                             '--config.log_every=100',
                             '--config.checkpoint.every=0',
