@@ -6,8 +6,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-NEG_INF = -1e30
-
 
 def bucket(n: int, smallest: int = 16) -> int:
   """The 'pow2_from_16' rule: the next power of two, at least `smallest`."""
