@@ -55,9 +55,9 @@ def overrides(model: str, chips: int, slices: int) -> list[str]:
   return layout + [f'--config.meshes.actor.axes={axes}',
                    f'--config.meshes.reference.axes={axes}',
                    f'--config.rl.prompts_per_step={samples // 8}',
-          f'--config.rl.mini_batch_size={samples}',
-          f'--config.rl.micro_batch_size={actor}',
-          f'--config.rl.logps_micro_batch_size={actor}']
+                   f'--config.rl.mini_batch_size={samples}',
+                   f'--config.rl.micro_batch_size={actor}',
+                   f'--config.rl.logps_micro_batch_size={actor}']
 
 
 def run(model: str, tpu: str, slices: int) -> dict:

@@ -62,7 +62,7 @@ def test_two_step_pulse(tmp_path, variant, layout):
 
 
 SPLIT_REWARD = '''
-import runpy, sys
+import os, runpy, signal, sys
 from tunix_pw.rl.registry import register
 
 @register('reward', 'odd_prompts_equal')
@@ -77,9 +77,16 @@ def odd_prompts_equal(sample):
 def constant(sample):
   return 1.0
 
+calls = [0]
+
 @register('reward', 'by_length')
 def by_length(sample):
-  """Varies between a random model's completions: advantages to learn."""
+  """Varies between a random model's completions: advantages to learn. At
+  the call TERM_AT_CALL names, SIGTERM to this process (a stop inside a
+  step's rollout)."""
+  calls[0] += 1
+  if calls[0] == int(os.environ.get('TERM_AT_CALL', '0')):
+    os.kill(os.getpid(), signal.SIGTERM)
   return float(len(sample.completion.strip()))
 
 sys.argv = ['main'] + sys.argv[1:]
@@ -146,32 +153,12 @@ def test_resume_after_sigkill_is_bit_identical(tmp_path):
   assert os.listdir(tmp_path / 'killed' / 'tensorboard')
 
 
-TERM_IN_ROLLOUT = '''
-import os, runpy, signal, sys
-from tunix_pw.rl.registry import register
-
-calls = [0]
-
-@register('reward', 'by_length_term')
-def by_length_term(sample):
-  """by_length, and SIGTERM to this process at the call TERM_AT_CALL names
-  (inside a step's rollout, before any update of that step)."""
-  calls[0] += 1
-  if calls[0] == int(os.environ.get('TERM_AT_CALL', '0')):
-    os.kill(os.getpid(), signal.SIGTERM)
-  return float(len(sample.completion.strip()))
-
-sys.argv = ['main'] + sys.argv[1:]
-runpy.run_module('tunix_pw.main', run_name='__main__')
-'''
-
-
 def test_a_stop_inside_a_step_resumes_bit_identical(tmp_path):
   """SIGTERM during step 3's rollout: the checkpoint holds the state after
   step 2 and the data where step 3 began, so step 3 is redone exactly."""
   args = ['runlocal', '--config.steps=4', '--config.eval_examples=0',
-          '--config.checkpoint.every=0', '--config.rl.rewards=by_length_term:1']
-  run = functools.partial(run_grpo, *args, wrapper=TERM_IN_ROLLOUT)
+          '--config.checkpoint.every=0', '--config.rl.rewards=by_length:1']
+  run = functools.partial(run_grpo, *args, wrapper=SPLIT_REWARD)
   straight = run(workdir=tmp_path / 'straight')
   assert straight.returncode == 0, straight.stderr[-3000:]
   samples_per_step = 8 * 8  # prompts x generations, runlocal

@@ -166,13 +166,13 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   writer = metrics.Writer(workdir, runtime.is_coordinator)
   length = rl.max_prompt_length + rl.max_new_tokens
 
-  def save(step: int, data_state: dict[str, Any] | None = None) -> None:
-    checkpointer.save(step, state, data_state or data.state())
+  def save(step: int) -> None:
+    checkpointer.save(step, state, data.state())
 
   def stop_mid_step(step: int, data_state: dict[str, Any]) -> None:
     """A stop inside a step keeps the state before it with the data where
     the step began: the resumed run redoes the step as it would have run."""
-    save(step, data_state)
+    checkpointer.save(step, state, data_state)
     checkpointer.wait()
 
   @functools.cache  # the last step may be an eval_every step too

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 import math
 
-
 from tunix_pw.models.tokenizers import Tokenizer
 from tunix_pw.runtime.fetch import fetch
 from tunix_pw.sampling.rollout import RolloutEngine, SamplingConfig
