@@ -243,7 +243,7 @@ def compile_relayouts(sources: Sequence[Any], targets: Sequence[Any],
 @dataclasses.dataclass(frozen=True)
 class _UnionPlan:
   """One program over source + destination devices: the source layout is
-  stacked with a placeholder on the destination side, and selecting side 0
+  stacked with zeros on the destination side, and selecting side 0
   lands every shard on the matching destination device."""
 
   stacked: NamedSharding  # [2, ...] over ('_side', *source axes)
