@@ -59,6 +59,31 @@ def test_grpo_gemma3_1b_fits_a_v5e_16(tmp_path):
   assert 'peak' in result.stdout and 'fits' in result.stdout
 
 
+@pytest.mark.parametrize('lora', [False, True])
+def test_dpo_plans_its_train_step_and_reference(tmp_path, lora):
+  """DPO's plan: the train step on pairs and the reference's
+  log-probabilities. A full reference is a resident copy of the model; a
+  LoRA policy's reference is its own frozen base, counted once."""
+  result = helpers.run_main(
+      '--config=tunix_pw/configs/dpo.py:tiny-gemma3', '--config.batch_size=16',
+      '--config.data.max_length=64', f'--config.lora.rank={4 if lora else 0}',
+      '--compile_topology=v5litepod-16', f'--workdir={tmp_path}', timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  report = json.loads((tmp_path / 'compile_report.json').read_text())
+  assert {k: p['count'] for k, p in report['programs'].items()} == {
+      'train step': 1, 'reference logps': 1}
+  [group] = report['groups']
+  assert group['roles'] == ['actor', 'reference']
+  resident = group['resident']
+  if lora:
+    assert set(resident) == {'params', 'optimizer', 'frozen base'}
+  else:
+    assert set(resident) == {'params', 'optimizer', 'reference'}
+    assert resident['reference'] == resident['params']
+  assert group['peak'] == sum(resident.values()) + max(
+      group['phases'].values())
+
+
 def test_oversized_sft_exits_2_with_the_numbers(tmp_path):
   """float32 SFT on 64 rows of 2048 tokens over 2 slices of v5e-16: the
   train step's temporaries alone exceed a chip (XLA refuses to compile)."""

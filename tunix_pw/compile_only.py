@@ -123,6 +123,30 @@ def train_phase(train_step: Any, state: Any, frozen: Any,
                resident_args=per_device((state, frozen)))
 
 
+def logps_phase(name: str, meshes: Any, mesh: Any, full_state: nnx.State,
+                rules: Any, lower: Callable[[Any, nnx.State], Any]) -> Phase:
+  """A forward pass of the whole model (`full_state` placed on `mesh` by
+  `rules`); `lower(mesh, state)` lowers the job's program."""
+  state = on_mesh(full_state, mesh, rules)
+  role = next(r for r, m in meshes.by_role.items() if m is mesh)
+  return Phase(name, role, lambda: [lower(mesh, state).compile()],
+               resident_args=per_device(state))
+
+
+def reference_phase(config: Any, meshes: Any, full_state: nnx.State,
+                    lower: Callable[[Any, nnx.State], Any],
+                    resident: dict[str, dict[str, int]]) -> Phase:
+  """The frozen reference's log-probabilities on its mesh. Its copy of the
+  model joins its role's `resident` state, unless it is a LoRA policy's own
+  frozen base (resident already)."""
+  phase = logps_phase('reference logps', meshes,
+                      setup.reference_mesh(config, meshes), full_state,
+                      config.sharding, lower)
+  if not config.lora.rank:
+    resident.setdefault(phase.role, {})['reference'] = phase.resident_args
+  return phase
+
+
 def actor_resident(state: Any, frozen: Any) -> dict[str, int]:
   """What an actor keeps between steps: its parameters, optimizer state
   and (LoRA) the frozen base."""
@@ -194,8 +218,8 @@ def check(config: Any, job: Any, tpu_type: str, num_slices: int,
   the numbers when a device would need more than its HBM."""
   if not hasattr(job, 'compile_plan'):
     raise UsageError(f'--compile_topology: the {config.job} job has no '
-                     'compile plan; compile-only checks cover the grpo and '
-                     'sft jobs.')
+                     'compile plan; compile-only checks cover the grpo, '
+                     'sft and dpo jobs.')
   tpu = topology.parse(tpu_type, '--compile_topology')
   devices = topology.devices(tpu, num_slices)
   runtime = backend.Runtime(COMPILE_ONLY, f'{num_slices} x {tpu.name} '

@@ -14,8 +14,9 @@ from typing import Any
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from tunix_pw import console
+from tunix_pw import compile_only, console
 from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.jobs.data import check_data_block
@@ -51,6 +52,9 @@ def validate(config: Any) -> None:
                          '--config.batch_size / --config.micro_batches')
 
 
+SIDES = ('chosen', 'rejected')
+
+
 def sequence_logps(model, batch, side: str, shard: Sharder = Sharder()):
   """Summed completion log-probability and completion length per row."""
   logits, _ = model(batch[f'{side}_tokens'], batch[f'{side}_positions'],
@@ -80,6 +84,55 @@ def preference_loss(model, batch, rng, *, algorithm: str, beta: float,
                               preferred=(margin > 0).sum().astype(jnp.float32))
 
 
+def make_train_step(config: Any, mesh: Any, graphdef: Any, params: Any,
+                    frozen: Any, optimizer: Any, schedule: Any):
+  return step_lib.make_step(
+      graphdef, frozen, functools.partial(
+          preference_loss, algorithm=config.dpo.algorithm,
+          beta=config.dpo.beta, lam=config.dpo.orpo_lambda,
+          shard=Sharder(mesh, config.sharding)),
+      optimizer, schedule, config.micro_batches,
+      jax.tree.map(lambda x: x.sharding, params))
+
+
+def make_reference_logps(config: Any, graphdef: Any, mesh: Any):
+  """Jitted (reference state, pairs) -> the summed log-probabilities of
+  the chosen and the rejected completions."""
+  shard = Sharder(mesh, config.sharding)
+  return jax.jit(lambda state, batch: tuple(
+      sequence_logps(nnx.merge(graphdef, state), batch, side, shard)[0]
+      for side in SIDES))
+
+
+def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
+  """The train step and the reference's log-probabilities from shapes,
+  for compile-only checks (pairs of full `max_length` rows)."""
+  mesh, rules = meshes['actor'], config.sharding
+  model = compile_only.abstract_policy(config, mesh)
+  graphdef, params, frozen = setup.split(model, config.lora.rank > 0)
+  optimizer, schedule = optim.make(config.optimizer, config.steps)
+  state = step_lib.TrainState.abstract(params, optimizer)
+  shape = (config.batch_size, config.data.max_length)
+  pairs = {f'{side}_{key}': (shape, np.int32) for side in SIDES
+           for key in ('tokens', 'positions', 'segment_ids', 'loss_mask')}
+  references = {} if config.dpo.algorithm == 'orpo' else {
+      f'ref_{side}': ((config.batch_size,), np.float32) for side in SIDES}
+  phases = [compile_only.train_phase(
+      make_train_step(config, mesh, graphdef, params, frozen, optimizer,
+                      schedule), state, frozen,
+      compile_only.batch_on(mesh, rules, {**pairs, **references}))]
+  resident = {'actor': compile_only.actor_resident(state, frozen)}
+  if references:
+    full_graphdef, full_state = nnx.split(model)
+    phases.append(compile_only.reference_phase(
+        config, meshes, full_state,
+        lambda ref_mesh, ref_state: make_reference_logps(
+            config, full_graphdef, ref_mesh).lower(
+                ref_state, compile_only.batch_on(ref_mesh, rules, pairs)),
+        resident))
+  return compile_only.Plan(resident, phases)
+
+
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
         workdir: str, preemption: Preemption) -> None:
   mesh, rules = meshes['actor'], config.sharding
@@ -92,19 +145,12 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   if algorithm != 'orpo':
     ref_state, ref_mesh = setup.reference(config, model, graphdef, params,
                                           frozen, meshes, runtime)
-    reference = jax.jit(lambda state, batch: tuple(
-        sequence_logps(nnx.merge(nnx.graphdef(model), state), batch,
-                       side, Sharder(ref_mesh, rules))[0]
-        for side in ('chosen', 'rejected')))
+    reference = make_reference_logps(config, nnx.graphdef(model), ref_mesh)
 
   optimizer, schedule = optim.make(config.optimizer, config.steps)
   state = step_lib.TrainState.create(params, optimizer, config.seed)
-  train_step = step_lib.make_step(
-      graphdef, frozen, functools.partial(
-          preference_loss, algorithm=algorithm, beta=config.dpo.beta,
-          lam=config.dpo.orpo_lambda, shard=Sharder(mesh, rules)),
-      optimizer, schedule, config.micro_batches,
-      jax.tree.map(lambda x: x.sharding, params))
+  train_step = make_train_step(config, mesh, graphdef, params, frozen,
+                               optimizer, schedule)
 
   spec = pipeline.DataSpec.from_block(config.data)
   sources, _ = pipeline.prepare(spec, runtime)

@@ -319,16 +319,10 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
     return compile_only.batch_on(mesh, rules, shapes)
 
   sequences = ('tokens', 'positions', 'segment_ids')
-  ref_mesh = setup.reference_mesh(config, meshes)
 
-  def logps_phase(name, mesh):
-    params_state = compile_only.on_mesh(full_state, mesh, rules)
-    return compile_only.Phase(
-        name, next(r for r, m in meshes.by_role.items() if m is mesh),
-        lambda: [make_logps(config, mesh, full_graphdef).lower(
-            params_state, rows(rl.logps_micro_batch_size, mesh,
-                               sequences)).compile()],
-        resident_args=compile_only.per_device(params_state))
+  def lower_logps(mesh, params_state):
+    return make_logps(config, mesh, full_graphdef).lower(
+        params_state, rows(rl.logps_micro_batch_size, mesh, sequences))
 
   synced = compile_only.on_mesh(params, rollout_mesh, rules)
 
@@ -357,14 +351,12 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
                          inflight=config.runtime.max_inflight),
   ]
   if 'old_logps' in needed:
-    phases.append(logps_phase('old logps', actor_mesh))
+    phases.append(compile_only.logps_phase('old logps', meshes, actor_mesh,
+                                           full_state, rules, lower_logps))
   resident = {'actor': compile_only.actor_resident(state, frozen),
               'rollout': {'rollout copy': compile_only.per_device(
                   rollout_state)}}
   if 'ref_logps' in needed:
-    phases.append(logps_phase('reference logps', ref_mesh))
-    if not config.lora.rank:
-      role = 'reference' if ref_mesh is not actor_mesh else 'actor'
-      resident.setdefault(role, {})['reference'] = compile_only.per_device(
-          compile_only.on_mesh(full_state, ref_mesh, rules))
+    phases.append(compile_only.reference_phase(config, meshes, full_state,
+                                               lower_logps, resident))
   return compile_only.Plan(resident, phases)
