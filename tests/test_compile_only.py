@@ -3,11 +3,15 @@ real Gemma presets, the job's own programs, XLA's memory analysis."""
 
 import json
 
+import jax
 import ml_collections
 import pytest
 
 from tests import helpers
+from tunix_pw.configs import dpo as dpo_config
+from tunix_pw.jobs import dpo
 from tunix_pw.models import presets
+from tunix_pw.runtime import meshes
 from tunix_pw.train import setup
 
 GIB = 1 << 30
@@ -59,15 +63,14 @@ def test_grpo_gemma3_1b_fits_a_v5e_16(tmp_path):
   assert 'peak' in result.stdout and 'fits' in result.stdout
 
 
-@pytest.mark.parametrize('lora', [False, True])
-def test_dpo_plans_its_train_step_and_reference(tmp_path, lora):
-  """DPO's plan: the train step on pairs and the reference's
-  log-probabilities. A full reference is a resident copy of the model; a
-  LoRA policy's reference is its own frozen base, counted once."""
+def test_dpo_compiles_its_train_step_and_reference(tmp_path):
+  """A DPO check through main: the train step on pairs and the
+  reference's log-probabilities, the reference copy resident beside the
+  actor's state."""
   result = helpers.run_main(
       '--config=tunix_pw/configs/dpo.py:tiny-gemma3', '--config.batch_size=16',
-      '--config.data.max_length=64', f'--config.lora.rank={4 if lora else 0}',
-      '--compile_topology=v5litepod-16', f'--workdir={tmp_path}', timeout=300)
+      '--config.data.max_length=64', '--compile_topology=v5litepod-16',
+      f'--workdir={tmp_path}', timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   report = json.loads((tmp_path / 'compile_report.json').read_text())
   assert {k: p['count'] for k, p in report['programs'].items()} == {
@@ -75,13 +78,28 @@ def test_dpo_plans_its_train_step_and_reference(tmp_path, lora):
   [group] = report['groups']
   assert group['roles'] == ['actor', 'reference']
   resident = group['resident']
-  if lora:
-    assert set(resident) == {'params', 'optimizer', 'frozen base'}
-  else:
-    assert set(resident) == {'params', 'optimizer', 'reference'}
-    assert resident['reference'] == resident['params']
+  assert set(resident) == {'params', 'optimizer', 'reference'}
+  assert resident['reference'] == resident['params']
   assert group['peak'] == sum(resident.values()) + max(
       group['phases'].values())
+
+
+@pytest.mark.parametrize('algorithm, lora, phases, resident', [
+    ('dpo', 0, ['train step', 'reference logps'],
+     {'params', 'optimizer', 'reference'}),
+    # A LoRA policy's reference is its own frozen base: no second copy.
+    ('dpo', 4, ['train step', 'reference logps'],
+     {'params', 'optimizer', 'frozen base'}),
+    ('orpo', 0, ['train step'], {'params', 'optimizer'}),
+])
+def test_dpo_plan_by_algorithm_and_lora(algorithm, lora, phases, resident):
+  """The plan itself, on this CPU's devices (nothing compiled)."""
+  config = dpo_config.get_config('runlocal')
+  config.dpo.algorithm, config.lora.rank = algorithm, lora
+  plan = dpo.compile_plan(config, meshes.build(config.meshes, jax.devices()))
+  assert [p.name for p in plan.phases] == phases
+  assert {role: set(items) for role, items in plan.resident.items()} == {
+      'actor': resident}
 
 
 def test_oversized_sft_exits_2_with_the_numbers(tmp_path):
