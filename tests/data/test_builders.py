@@ -86,6 +86,18 @@ def test_edited_files_are_built_afresh(tmp_path):
   assert len(load(tmp_path, 'gsm8k')[0]['train']) == 4
 
 
+def test_files_are_hashed_once_per_version(tmp_path):
+  """A job asks for its builder more than once (validation, then the
+  build): unchanged files are not read again, edited ones are."""
+  directory = str(write(tmp_path / 'jsonl', GSM8K[:2]))
+  misses = builders._fingerprint.cache_info().misses
+  first = builders.jsonl_config(directory)
+  assert builders.jsonl_config(directory) == first
+  assert builders._fingerprint.cache_info().misses == misses + 1
+  write(tmp_path / 'jsonl', GSM8K)
+  assert builders.jsonl_config(directory).name != first.name
+
+
 def test_missing_manual_files_and_unknown_names(tmp_path):
   with pytest.raises(UsageError, match='train.jsonl is missing'):
     load(tmp_path, 'gsm8k')

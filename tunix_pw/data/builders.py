@@ -17,6 +17,7 @@ config name, so edited files are built afresh.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -116,16 +117,29 @@ def jsonl_config(manual_dir: str, on_bad_line: str = 'error') -> JsonlConfig:
   if on_bad_line not in ('error', 'skip'):
     raise UsageError(f"on_bad_line={on_bad_line!r} must be 'error' or "
                      "'skip'.")
-  digest = hashlib.sha256(on_bad_line.encode())
+  files = []
   for split in SPLITS:
     path = os.path.join(manual_dir, f'{split}.jsonl')
     if not os.path.exists(path):
       raise UsageError(f'{path} is missing: the manual directory needs '
                        f'{" and ".join(s + ".jsonl" for s in SPLITS)}.')
-    with open(path, 'rb') as f:
-      digest.update(f.read())
-  return JsonlConfig(name=f'files_{digest.hexdigest()[:12]}',
+    stat = os.stat(path)
+    files.append((path, stat.st_size, stat.st_mtime_ns))
+  return JsonlConfig(name=f'files_{_fingerprint(tuple(files), on_bad_line)}',
                      on_bad_line=on_bad_line)
+
+
+@functools.lru_cache(maxsize=64)
+def _fingerprint(files: tuple[tuple[str, int, int], ...],
+                 on_bad_line: str) -> str:
+  """The files' contents hashed, once per (path, size, mtime) in a process:
+  a job asks for its builder when it validates and again when it builds."""
+  digest = hashlib.sha256(on_bad_line.encode())
+  for path, _, _ in files:
+    with open(path, 'rb') as f:
+      for block in iter(lambda: f.read(1 << 24), b''):
+        digest.update(block)
+  return digest.hexdigest()[:12]
 
 
 class _JsonlBuilder(tfds.core.GeneratorBasedBuilder):
