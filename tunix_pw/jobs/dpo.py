@@ -28,6 +28,8 @@ from tunix_pw.train import loop, losses, metrics, optim, setup
 from tunix_pw.train import step as step_lib
 from tunix_pw.train.checkpoint import Checkpointer
 
+SIDES = ('chosen', 'rejected')
+
 
 def validate(config: Any) -> None:
   checkpoints.check_model_block(config.model)
@@ -50,9 +52,6 @@ def validate(config: Any) -> None:
   meshes_lib.check_batch(config.batch_size // config.micro_batches,
                          config.meshes, 'actor', config.sharding.batch,
                          '--config.batch_size / --config.micro_batches')
-
-
-SIDES = ('chosen', 'rejected')
 
 
 def sequence_logps(model, batch, side: str, shard: Sharder = Sharder()):
@@ -86,6 +85,8 @@ def preference_loss(model, batch, rng, *, algorithm: str, beta: float,
 
 def make_train_step(config: Any, mesh: Any, graphdef: Any, params: Any,
                     frozen: Any, optimizer: Any, schedule: Any):
+  """The jitted preference-loss train step (gradient accumulation over
+  micro batches)."""
   return step_lib.make_step(
       graphdef, frozen, functools.partial(
           preference_loss, algorithm=config.dpo.algorithm,
