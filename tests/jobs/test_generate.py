@@ -46,7 +46,16 @@ def test_generates_from_a_checkpoint_directory(tmp_path):
 
 @pytest.mark.parametrize('extra, lines, message', [
     ([], ['ok', '', 'fine'], 'prompts.txt:2: empty prompt'),
-    ([], ['{"prompt": "a"}', '{not json'], 'prompts.jsonl:2: not a JSON'),
+    ([], ['{"prompt": "a"}', '{not json'], 'prompts.jsonl:2: not JSON'),
+    ([], ['{"prompt": 5}'], 'prompts.jsonl:1: not a JSON object with a '
+     'string "prompt"'),
+    ([], ['{"prompt": "a"}', '["a"]'], 'prompts.jsonl:2: not a JSON object'),
+    ([], ['{"messages": "hi"}'], 'prompts.jsonl:1: not a JSON object'),
+    ([], ['{"messages": [{"role": "user"}]}'], 'prompts.jsonl:1: not a JSON '
+     'object'),
+    ([], ['{"messages": [{"role": "user", "content": ["a"]}]}'],
+     'prompts.jsonl:1: not a JSON object'),
+    ([], ['{"messages": []}'], 'prompts.jsonl:1: not a JSON object'),
     (['--config.sampling.top_p=1.5'], ['ok'], 'top_p=1.5 must be in (0, 1]'),
     (['--config.sampling.max_new_tokens=0'], ['ok'],
      'max_new_tokens=0 must be at least 1'),

@@ -44,7 +44,7 @@ def test_sentencepiece_matches_transformers(sentencepiece_dir):
   reference = transformers.AutoTokenizer.from_pretrained(
       str(sentencepiece_dir))
   for text in TEXTS:
-    ids = tok.encode(text, add_bos=True)
+    ids = tok.encode(text, add_special_tokens=True)
     assert ids == reference(text)['input_ids'], text
     assert tok.decode(ids[1:]) == text
   assert (tok.bos_id, tok.eos_id, tok.pad_id) == (2, 1, 0)
@@ -113,7 +113,7 @@ def test_gemma_chat_format():
 
 def test_char_tokenizer_needs_no_files():
   tok = ours.load('char')
-  ids = tok.encode('12+30=42\n', add_bos=True)
+  ids = tok.encode("12+30=42\n", add_special_tokens=True)
   assert ids[0] == tok.bos_id and max(ids) < tok.vocab_size
   assert tok.decode(ids) == '12+30=42\n'
   assert tok.encode('é') == [tok.unk_id]

@@ -1,7 +1,11 @@
 """Environment -> backend and process id, for every cluster flavour."""
 
+import subprocess
+import sys
+
 import pytest
 
+from tests import helpers
 from tunix_pw.errors import UsageError
 from tunix_pw.runtime import backend
 
@@ -57,3 +61,48 @@ def test_detect(env, flags, expected):
 def test_detect_rejects_inconsistent_environments(env, flags, message):
   with pytest.raises(UsageError, match=message):
     backend.detect(env, **flags)
+
+
+@pytest.fixture
+def fake_pci(tmp_path, monkeypatch):
+  """JAX's own PCI scan, run over a fake /sys/bus/pci/devices."""
+  from jax._src import hardware_utils  # pylint: disable=g-import-not-at-top
+  devices = tmp_path / 'devices'
+  devices.mkdir()
+  real_glob = hardware_utils.glob.glob
+  monkeypatch.setattr(hardware_utils.glob, 'glob', lambda pattern: real_glob(
+      pattern.replace('/sys/bus/pci/devices', str(devices))))
+
+  def add(name, vendor, device):
+    (devices / name).mkdir()
+    (devices / name / 'vendor').write_text(vendor + '\n')
+    (devices / name / 'device').write_text(device + '\n')
+
+  return add
+
+
+def test_a_host_without_tpu_chips_has_no_accelerator(fake_pci):
+  fake_pci('0000:00:03.0', '0x8086', '0x0027')  # an Intel device
+  fake_pci('0000:00:04.0', '0x1ae0', '0x0001')  # Google, but not a TPU
+  assert not backend.accelerator_present()
+
+
+def test_a_tpu_vm_has_an_accelerator(fake_pci):
+  fake_pci('0000:00:04.0', '0x1ae0', '0x0063')  # a v5e chip
+  assert backend.accelerator_present()
+
+
+def test_cpu_runs_log_no_libtpu_noise(tmp_path):
+  """libtpu is installed (test extra): with JAX_PLATFORMS unset, a CPU-only
+  host runs on CPU without libtpu's initialisation errors."""
+  env = helpers.env()
+  del env['JAX_PLATFORMS']
+  result = subprocess.run(
+      [sys.executable, '-m', 'tunix_pw.main',
+       '--config=tunix_pw/configs/smoke.py:collocated', '--config.steps=1',
+       f'--workdir={tmp_path}'], cwd=helpers.ROOT, env=env,
+      capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr
+  assert '8 cpu devices' in result.stdout + result.stderr
+  for noise in ('TPU_WORKER_HOSTNAMES', 'libtpu', 'TPU accelerator type'):
+    assert noise not in result.stderr

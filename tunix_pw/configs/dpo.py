@@ -37,6 +37,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.micro_batches = 1
   c.log_every = 10
   c.checkpoint = common.checkpointing(every=50 if local else 500)
+  c.export = ''  # a directory: the final model and tokenizer, HF layout
   c.runtime = common.runtime(host_device_count=8 if local else 0)
   c.meshes = common.meshes(
       'collocated', actor=('fsdp=4,tp=2' if local else 'fsdp=-1', 'all'),

@@ -80,6 +80,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval_examples = 500
   c.eval_batch_size = 100 if local else 64
   c.checkpoint = common.checkpointing(every=10 if local else 50)
+  c.export = ''  # a directory: the final model and tokenizer, HF layout
   c.runtime = common.runtime(host_device_count=8 if local else 0)
   c.meshes = common.meshes(
       'disaggregated',

@@ -36,7 +36,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval_batch_size = 100 if local else 64
   c.eval_max_new_tokens = 8 if local else 256
   c.checkpoint = common.checkpointing(every=100 if local else 500)
-  c.export = ''  # a directory: the final model (LoRA merged) as safetensors
+  c.export = ''  # a directory: the final model and tokenizer, HF layout
   c.runtime = common.runtime(host_device_count=8 if local else 0)
   c.meshes = common.meshes(
       'collocated', actor=('fsdp=4,tp=2' if local else 'fsdp=-1', 'all'))

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from tunix_pw.data import pipeline
+from tunix_pw.models import tokenizers
 from tunix_pw.models.tokenizers import Tokenizer
 
 
@@ -39,21 +40,13 @@ def reference_answer(name: str, example: dict[str, Any]) -> str:
   return prompt_and_answer(name, example)[1]
 
 
-def render_prompt(prompt: Any, tokenizer: Tokenizer, chat: bool) -> str:
-  if isinstance(prompt, list):  # messages always take the chat template
-    return tokenizer.chat(prompt)
-  return tokenizer.chat([dict(role='user', content=prompt)]) if chat \
-      else prompt
-
-
 def sft_transform(name: str, tokenizer: Tokenizer, max_length: int,
                   overlong: str, chat: bool) -> Callable:
   """Example -> tokens with a loss mask on the completion (and its eos)."""
 
   def transform(example, counters):
     prompt, answer = prompt_and_answer(name, example)
-    prompt_ids = tokenizer.encode(render_prompt(prompt, tokenizer, chat),
-                                  add_bos=True)
+    prompt_ids = tokenizers.encode_prompt(tokenizer, prompt, chat)
     answer_ids = tokenizer.encode(answer) + [tokenizer.eos_id]
     return pipeline.fit(prompt_ids + answer_ids,
                         [0] * len(prompt_ids) + [1] * len(answer_ids),
@@ -70,8 +63,7 @@ def prompt_transform(name: str, tokenizer: Tokenizer, max_prompt_length: int,
   def transform(example, counters):
     counters.examples += 1
     prompt, _ = prompt_and_answer(name, example)
-    ids = tokenizer.encode(render_prompt(prompt, tokenizer, chat),
-                           add_bos=True)
+    ids = tokenizers.encode_prompt(tokenizer, prompt, chat)
     if len(ids) > max_prompt_length:
       counters.dropped += 1
       return None
@@ -104,8 +96,7 @@ def preference_transform(name: str, tokenizer: Tokenizer, max_length: int,
 
   def transform(example, counters):
     prompt, chosen, rejected = preference_pair(name, example)
-    prompt_ids = tokenizer.encode(render_prompt(prompt, tokenizer, chat),
-                                  add_bos=True)
+    prompt_ids = tokenizers.encode_prompt(tokenizer, prompt, chat)
     sides = {}
     for side, text in (('chosen', chosen), ('rejected', rejected)):
       completion = tokenizer.encode(text) + [tokenizer.eos_id]

@@ -197,6 +197,8 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   save(config.steps)
   checkpointer.close()
   writer.close()
+  if config.export:
+    setup.export(config, graphdef, state.params, frozen)
   if runtime.is_coordinator:
     last = metrics.read(workdir)[-1]
     print(f'{algorithm}: loss {last["loss"]:.4f}, preferred '

@@ -9,7 +9,6 @@ from typing import Any
 from etils import epath
 
 from tunix_pw import console
-from tunix_pw.data import formats
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints, tokenizers
 from tunix_pw.runtime import backend, meshes as meshes_lib
@@ -44,9 +43,29 @@ def validate(config: Any) -> None:
                      'least 1.')
 
 
+def _is_message(m: Any) -> bool:
+  return (isinstance(m, dict) and isinstance(m.get('role'), str) and
+          isinstance(m.get('content'), str))
+
+
+def _prompt_of(record: Any) -> Any:
+  """The prompt of a JSONL record, or None when it holds neither a string
+  "prompt" nor a non-empty list of {role, content} "messages"."""
+  if not isinstance(record, dict):
+    return None
+  if 'messages' in record:
+    messages = record['messages']
+    ok = (isinstance(messages, list) and messages and
+          all(_is_message(m) for m in messages))
+    return messages if ok else None
+  prompt = record.get('prompt')
+  return prompt if isinstance(prompt, str) else None
+
+
 def read_prompts(path: str) -> list[Any]:
   """Text (a prompt per line) or JSONL ({"prompt": str} or {"messages":
-  [...]}); a bad or empty line is named with its number."""
+  [{"role": str, "content": str}, ...]}); a bad or empty line is named
+  with its number."""
   prompts = []
   lines = epath.Path(path).read_text().splitlines()
   for number, line in enumerate(lines, 1):
@@ -56,12 +75,13 @@ def read_prompts(path: str) -> list[Any]:
       prompts.append(line)
       continue
     try:
-      record = json.loads(line)
-      prompt = (record['messages'] if 'messages' in record
-                else record['prompt'])
-    except (ValueError, KeyError, TypeError) as e:
-      raise UsageError(f'{path}:{number}: not a JSON object with "prompt" or '
-                       f'"messages" ({type(e).__name__}: {e}).') from None
+      prompt = _prompt_of(json.loads(line))
+    except ValueError as e:
+      raise UsageError(f'{path}:{number}: not JSON ({e}).') from None
+    if prompt is None:
+      raise UsageError(
+          f'{path}:{number}: not a JSON object with a string "prompt" or a '
+          'list of {"role": str, "content": str} "messages".')
     if not prompt:
       raise UsageError(f'{path}:{number}: empty prompt.')
     prompts.append(prompt)
@@ -84,20 +104,19 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
 
   raw = ([config.prompt] if config.prompt else
          read_prompts(config.prompts_file))
-  texts = []
+  texts, ids = [], []
   for i, prompt in enumerate(raw):
-    prompt = formats.render_prompt(prompt, tokenizer, config.chat)
-    if not prompt.strip():
+    texts.append(tokenizers.render_prompt(tokenizer, prompt, config.chat))
+    if not texts[-1].strip():
       raise UsageError(f'prompt {i} is empty.')
-    texts.append(prompt)
+    ids.append(tokenizers.encode_prompt(tokenizer, prompt, config.chat))
 
   records = []
   with console.Progress(len(texts), 'generate',
                         enabled=runtime.is_coordinator) as bar:
     for start in range(0, len(texts), config.batch_size):
       batch = texts[start:start + config.batch_size]
-      out = sampler.generate(
-          [tokenizer.encode(t, add_bos=True) for t in batch], sampling)
+      out = sampler.generate(ids[start:start + config.batch_size], sampling)
       tokens, logprobs, lengths = fetch((out.tokens, out.logprobs,
                                          out.lengths))
       for row, text in enumerate(batch):

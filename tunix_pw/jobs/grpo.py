@@ -281,6 +281,8 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   result = evaluate_now(config.steps) if config.eval_examples else {}
   checkpointer.close()
   writer.close()
+  if config.export:
+    setup.export(config, graphdef, state.params, frozen)
   if runtime.is_coordinator and result:
     print(f'grpo: held-out greedy exact match {result["eval/accuracy"]:.1%} '
           f'({int(result["eval/correct"])}/{int(result["eval/total"])}, '

@@ -18,7 +18,7 @@ from tunix_pw import compile_only, console
 from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.jobs.data import check_data_block
-from tunix_pw.models import checkpoints, hf, lora, tokenizers
+from tunix_pw.models import checkpoints
 from tunix_pw.models.layers import Sharder
 from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.preemption import Preemption
@@ -167,10 +167,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   checkpointer.close()
   writer.close()
   if config.export:
-    final = nnx.merge(graphdef, state.params, *(
-        [frozen] if frozen is not None else []))
-    lora.merge(final)
-    hf.save(config.export, final.cfg, nnx.state(final))
+    setup.export(config, graphdef, state.params, frozen)
   if runtime.is_coordinator and result:
     print(f'sft: held-out greedy exact match {result["eval/accuracy"]:.1%} '
           f'({int(result["eval/correct"])}/{int(result["eval/total"])}, '

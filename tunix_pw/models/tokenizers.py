@@ -16,9 +16,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 import json
 import os
-from typing import Protocol
+import shutil
+from typing import Any, Protocol
 
 from tunix_pw.errors import UsageError
+from tunix_pw.models.chat_template import ChatTemplate
 
 Message = dict[str, str]  # {'role': 'user' | 'model' | 'assistant' | ..., 'content': ...}
 
@@ -27,18 +29,56 @@ GEMMA_GENERATION = '<start_of_turn>model\n'
 
 
 class Tokenizer(Protocol):
+  """Text <-> ids. `encode(text, add_special_tokens=True)` adds what the
+  tokenizer's own post-processing adds to plain text (transformers'
+  `tokenizer(text)`); `encode_chat` gives the ids of a rendered chat, whose
+  special tokens the template owns (transformers' `apply_chat_template(...,
+  tokenize=True)`)."""
+
   vocab_size: int
   pad_id: int
   bos_id: int | None
   eos_id: int
   stop_ids: tuple[int, ...]  # ids that end a generated turn
 
-  def encode(self, text: str, add_bos: bool = False) -> list[int]: ...
+  def encode(self, text: str,
+             add_special_tokens: bool = False) -> list[int]: ...
 
   def decode(self, ids: Sequence[int]) -> str: ...
 
   def chat(self, messages: Sequence[Message],
-           add_generation_prompt: bool = True) -> str: ...
+           add_generation_prompt: bool = True, **template_vars: Any) -> str: ...
+
+  def encode_chat(self, messages: Sequence[Message],
+                  add_generation_prompt: bool = True,
+                  **template_vars: Any) -> list[int]: ...
+
+
+def _messages(prompt: str | Sequence[Message]) -> list[Message]:
+  if isinstance(prompt, str):
+    return [dict(role='user', content=prompt)]
+  return list(prompt)
+
+
+def render_prompt(tokenizer: Tokenizer, prompt: str | Sequence[Message],
+                  chat: bool) -> str:
+  """A prompt's text as the model reads it (messages always take the chat
+  template; text does with `chat`)."""
+  if isinstance(prompt, str) and not chat:
+    return prompt
+  return tokenizer.chat(_messages(prompt))
+
+
+def encode_prompt(tokenizer: Tokenizer, prompt: str | Sequence[Message],
+                  chat: bool) -> list[int]:
+  """The one rule for a prompt's ids, used by every job: what
+  `render_prompt` renders through the chat template keeps the template's
+  specials and gets none added; plain text gets what the tokenizer's
+  post-processor adds. Answers and completions appended to a prompt are
+  `encode(text)`, without specials; no EOS ever ends a prompt."""
+  if isinstance(prompt, str) and not chat:
+    return tokenizer.encode(prompt, add_special_tokens=True)
+  return tokenizer.encode_chat(_messages(prompt))
 
 
 def gemma_chat(messages: Sequence[Message],
@@ -64,22 +104,28 @@ class CharTokenizer:
   pad_id, bos_id, eos_id, unk_id = 0, 1, 2, 3
   stop_ids = (2,)
 
-  def encode(self, text: str, add_bos: bool = False) -> list[int]:
+  def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
     try:  # the common case, at C speed: ASCII text
       ids = list(text.encode('ascii'))
     except UnicodeEncodeError:
       ids = [ord(c) if ord(c) < 128 else self.unk_id for c in text]
     if ids and min(ids) < 4:  # control characters 0-3 would alias specials
       ids = [i if i >= 4 else self.unk_id for i in ids]
-    return [self.bos_id] + ids if add_bos else ids
+    return [self.bos_id] + ids if add_special_tokens else ids
 
   def decode(self, ids: Sequence[int]) -> str:
     return ''.join(chr(i) for i in ids if i >= 4)
 
   def chat(self, messages: Sequence[Message],
-           add_generation_prompt: bool = True) -> str:
+           add_generation_prompt: bool = True, **template_vars: Any) -> str:
+    del template_vars  # a fixed format
     text = ''.join(f'{m["role"]}: {m["content"]}\n' for m in messages)
     return text + ('model: ' if add_generation_prompt else '')
+
+  def encode_chat(self, messages: Sequence[Message],
+                  add_generation_prompt: bool = True,
+                  **template_vars: Any) -> list[int]:
+    return self.encode(self.chat(messages, add_generation_prompt), True)
 
 
 class SentencePieceTokenizer:
@@ -101,34 +147,63 @@ class SentencePieceTokenizer:
     self.stop_ids = tuple(sorted({self.eos_id} | (
         {end_of_turn} if end_of_turn != self.sp.unk_id() else set())))
 
-  def encode(self, text: str, add_bos: bool = False) -> list[int]:
+  def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
     ids = self.sp.EncodeAsIds(text)
-    return [self.bos_id] + ids if add_bos and self.bos_id is not None else ids
+    bos = [self.bos_id] if self.bos_id is not None else []
+    return bos + ids if add_special_tokens else ids
 
   def decode(self, ids: Sequence[int]) -> str:
     return self.sp.DecodeIds([int(i) for i in ids])
 
   def chat(self, messages: Sequence[Message],
-           add_generation_prompt: bool = True) -> str:
+           add_generation_prompt: bool = True, **template_vars: Any) -> str:
+    del template_vars  # Gemma's fixed format
     return gemma_chat(messages, add_generation_prompt)
+
+  def encode_chat(self, messages: Sequence[Message],
+                  add_generation_prompt: bool = True,
+                  **template_vars: Any) -> list[int]:
+    # Gemma's template opens with {{ bos_token }}, which SentencePiece does
+    # not parse from text: the id goes in directly.
+    return self.encode(self.chat(messages, add_generation_prompt), True)
+
+
+SPECIAL_TOKENS = ('bos_token', 'eos_token', 'unk_token', 'sep_token',
+                  'pad_token', 'cls_token', 'mask_token')
 
 
 def _token_text(value) -> str | None:
   return value.get('content') if isinstance(value, dict) else value
 
 
-def _chat_template(directory: str, config: dict) -> str | None:
-  """The template transformers would use: chat_template.jinja (newer
-  checkpoints), else tokenizer_config.json's (a string, or named ones)."""
+def _chat_template(directory: str, config: dict,
+                   config_path: str) -> tuple[str | None, str]:
+  """(the template transformers would use, its file): chat_template.jinja
+  (newer checkpoints), else tokenizer_config.json's (a string, or named
+  ones)."""
   path = os.path.join(directory, 'chat_template.jinja')
   if os.path.exists(path):
     with open(path) as f:
-      return f.read()
+      return f.read(), path
   template = config.get('chat_template')
   if isinstance(template, list):
     named = {t['name']: t['template'] for t in template}
     template = named.get('default', next(iter(named.values()), None))
-  return template
+  return template, config_path
+
+
+def _read_config(path: str) -> dict[str, Any]:
+  if not os.path.exists(path):
+    return {}
+  try:
+    with open(path) as f:
+      config = json.load(f)
+  except (OSError, ValueError) as e:
+    raise UsageError(f'{path} is not readable JSON ({e}).') from None
+  if not isinstance(config, dict):
+    raise UsageError(f'{path} holds {type(config).__name__}, not a JSON '
+                     'object.')
+  return config
 
 
 class HFTokenizer:
@@ -143,14 +218,14 @@ class HFTokenizer:
       raise UsageError(f'{path} is not a readable tokenizer.json '
                        f'({e}).') from None
     config_path = os.path.join(directory, 'tokenizer_config.json')
-    self.config = {}
-    if os.path.exists(config_path):
-      with open(config_path) as f:
-        self.config = json.load(f)
+    self.config = _read_config(config_path)
     self.vocab_size = self.tok.get_vocab_size()
+    self.special_tokens = {
+        name: text for name in SPECIAL_TOKENS
+        if (text := _token_text(self.config.get(name))) is not None}
 
     def special(name):
-      text = _token_text(self.config.get(name))
+      text = self.special_tokens.get(name)
       return None if text is None else self.tok.token_to_id(text)
 
     self.bos_id = special('bos_token')
@@ -165,35 +240,50 @@ class HFTokenizer:
       if (i := self.tok.token_to_id(text)) is not None:
         stops.add(i)
     self.stop_ids = tuple(sorted(stops))
-    self.template = _chat_template(directory, self.config)
+    source, origin = _chat_template(directory, self.config, config_path)
+    self.template = (ChatTemplate(source, origin, self.special_tokens)
+                     if source else None)
 
-  def encode(self, text: str, add_bos: bool = False) -> list[int]:
-    ids = self.tok.encode(text, add_special_tokens=False).ids
-    return [self.bos_id] + ids if add_bos and self.bos_id is not None else ids
+  def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+    # Specials come from tokenizer.json's post-processor alone: transformers
+    # (5.x) ignores tokenizer_config.json's add_bos_token / add_eos_token
+    # when a tokenizer.json exists, and adds nothing when it has none.
+    return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
 
   def decode(self, ids: Sequence[int]) -> str:
     return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
   def chat(self, messages: Sequence[Message],
-           add_generation_prompt: bool = True) -> str:
-    if not self.template:
+           add_generation_prompt: bool = True, **template_vars: Any) -> str:
+    if not self.template:  # no template: Gemma's turns, as plain text
       return gemma_chat(messages, add_generation_prompt)
-    import jinja2  # pylint: disable=g-import-not-at-top
-    from jinja2 import sandbox  # pylint: disable=g-import-not-at-top
+    return self.template.render(messages, add_generation_prompt,
+                                **template_vars)
 
-    def raise_exception(message):
-      raise UsageError(f'chat template: {message}')
+  def encode_chat(self, messages: Sequence[Message],
+                  add_generation_prompt: bool = True,
+                  **template_vars: Any) -> list[int]:
+    text = self.chat(messages, add_generation_prompt, **template_vars)
+    return self.encode(text, add_special_tokens=not self.template)
 
-    env = sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True,
-        extensions=[jinja2.ext.loopcontrols])
-    env.globals['raise_exception'] = raise_exception
-    text = env.from_string(self.template).render(
-        messages=list(messages), add_generation_prompt=add_generation_prompt,
-        bos_token=_token_text(self.config.get('bos_token')) or '',
-        eos_token=_token_text(self.config.get('eos_token')) or '')
-    # The template writes the bos token itself; encode() adds none.
-    return text
+
+# What save_pretrained writes for a tokenizer (those a directory has).
+FILES = ('tokenizer.json', 'tokenizer.model', 'tokenizer_config.json',
+         'special_tokens_map.json', 'added_tokens.json', 'chat_template.jinja')
+
+
+def save(source: str, directory: str) -> None:
+  """Copies the tokenizer files of `source` (a directory, or a
+  SentencePiece .model file) into `directory`; the built-in character
+  tokenizer has none."""
+  if not source or source == 'char':
+    return
+  if os.path.isfile(source):
+    shutil.copyfile(source, os.path.join(directory, 'tokenizer.model'))
+    return
+  for name in FILES:
+    if os.path.exists(path := os.path.join(source, name)):
+      shutil.copyfile(path, os.path.join(directory, name))
 
 
 def load(directory: str | None) -> Tokenizer:

@@ -127,6 +127,20 @@ def detect(env: Mapping[str, str],
                    'environment')
 
 
+def accelerator_present() -> bool:
+  """Whether this host has an accelerator: a TPU chip on the PCI bus (JAX's
+  own scan, the one that decides whether libtpu sets up a TPU VM) or a
+  visible NVIDIA or AMD GPU. Without one, and without an explicit
+  JAX_PLATFORMS (Pathways sets `proxy`), a job runs on CPU."""
+  try:
+    from jax._src import hardware_utils  # pylint: disable=g-import-not-at-top
+  except ImportError:  # JAX moved it: leave the choice to JAX
+    return True
+  return (hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0 or
+          hardware_utils.has_visible_nvidia_gpu() or
+          hardware_utils.num_available_amd_gpus(stop_at=1) > 0)
+
+
 def start(detection: Detection, host_device_count: int = 0) -> Runtime:
   """Starts the detected backend and returns the Runtime.
 
@@ -143,6 +157,11 @@ def start(detection: Detection, host_device_count: int = 0) -> Runtime:
     jax.config.update('jax_num_cpu_devices',
                       host_device_count // detection.process_count)
 
+  if not jax.config.jax_platforms and not accelerator_present():
+    # libtpu (the tpu and test extras) makes JAX try a TPU backend even on a
+    # host without one, and libtpu logs errors (TPU_WORKER_HOSTNAMES, host
+    # bounds) before JAX falls back to CPU.
+    jax.config.update('jax_platforms', 'cpu')
   if detection.backend == PATHWAYS:
     import pathwaysutils  # pylint: disable=g-import-not-at-top
     pathwaysutils.initialize()

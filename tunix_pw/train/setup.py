@@ -53,14 +53,28 @@ def architecture(block: Any) -> ModelConfig:
   return presets.PRESETS[block.preset]
 
 
-def tokenizer(block: Any) -> Tokenizer:
-  """The tokenizer for a model block: its own, its checkpoint's, a trained
-  workdir's, or the built-in character tokenizer."""
+def tokenizer_source(block: Any) -> str:
+  """Where a model block's tokenizer lives: its own, its checkpoint's, a
+  trained workdir's, or 'char' (the built-in character tokenizer)."""
   if block.tokenizer:
-    return tokenizers.load(block.tokenizer)
+    return block.tokenizer
   if is_workdir(block.checkpoint):
-    return tokenizer(_trained_config(block.checkpoint).model)
-  return tokenizers.load(block.checkpoint or 'char')
+    return tokenizer_source(_trained_config(block.checkpoint).model)
+  return block.checkpoint or 'char'
+
+
+def tokenizer(block: Any) -> Tokenizer:
+  return tokenizers.load(tokenizer_source(block))
+
+
+def export(config: Any, graphdef: Any, params: Any, frozen: Any) -> None:
+  """`config.export`: the trained policy (LoRA merged) in the Hugging Face
+  layout, with its tokenizer's files beside the weights, so that
+  transformers and our own jobs load the directory alone."""
+  model = nnx.merge(graphdef, params, *([] if frozen is None else [frozen]))
+  lora.merge(model)
+  hf.save(config.export, model.cfg, nnx.state(model))
+  tokenizers.save(tokenizer_source(config.model), config.export)
 
 
 def model_from_block(block: Any, *, seed: int, mesh: Any,
@@ -136,7 +150,6 @@ def heldout(name: str, source: Any, tokenizer: Tokenizer, count: int,
   for i in range(min(count, len(source))):
     example = dict(decode(source[i]), index=i)
     prompt, _ = formats.prompt_and_answer(name, example)
-    prompts.append(tokenizer.encode(
-        formats.render_prompt(prompt, tokenizer, chat), add_bos=True))
+    prompts.append(tokenizers.encode_prompt(tokenizer, prompt, chat))
     answers.append(formats.reference_answer(name, example))
   return prompts, answers
