@@ -101,7 +101,8 @@ def main() -> None:
   def move(x, target=dst_sh):
     if args.mode == 'device_put':
       return jax.block_until_ready(jax.device_put(x, target))
-    moved, _ = reshard.transfer(x, target, runtime, group_bytes=group_bytes)
+    moved, _ = reshard.transfer(x, target, runtime,
+                                budget=reshard.Budget(group_bytes))
     return jax.block_until_ready(moved)
 
   # Each transfer moves a fresh copy, as after a train step: a source array

@@ -31,7 +31,7 @@ from typing import Any
 
 from absl import app, flags
 
-from tunix_pw import errors, main as tunix_main
+from tunix_pw import checks, main as tunix_main
 from tunix_pw.errors import UsageError
 from tunix_pw.runtime import topology
 from tunix_pw.runtime.preemption import EXIT_PREEMPTED
@@ -212,9 +212,9 @@ def launch(argv: list[str]) -> str:
   """Validates, renders (and unless --dry_run submits); returns the
   manifest's path."""
   xpk_config = load_xpk_config(_XPK_CONFIG.value)
-  errors.CHECK_FILES = False  # the job's files are in its image and mounts
   config = tunix_main.CONFIG.value
-  tunix_main.static_checks(config)
+  with checks.limited(files=False):  # the files are in its image and mounts
+    tunix_main.static_checks(config)
   workdir = tunix_main.WORKDIR.value
   if '://' in workdir or not os.path.isabs(workdir):
     raise UsageError(f'--workdir={workdir!r} must be an absolute path that '

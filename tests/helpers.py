@@ -20,11 +20,36 @@ def env(**extra: str) -> dict[str, str]:
   return out
 
 
-def run_main(*args: str, timeout: float = 300,
+# main, SIGKILLed (no cleanup) right after the end-of-step duties of step
+# $KILL_AT_STEP, once that step's checkpoint is written.
+KILLED_AT_STEP = """
+import os, runpy, signal, sys
+from tunix_pw.train import loop
+
+end_of_step = loop.end_of_step
+
+def end_of_step_then_kill(done, every, save, checkpointer, preemption):
+  end_of_step(done, every, save, checkpointer, preemption)
+  if done == int(os.environ['KILL_AT_STEP']):
+    checkpointer.wait()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+loop.end_of_step = end_of_step_then_kill
+sys.argv = ['main'] + sys.argv[1:]
+runpy.run_module('tunix_pw.main', run_name='__main__')
+"""
+
+
+def run_main(*args: str, timeout: float = 300, kill_at_step: int = 0,
              **extra_env: str) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, '-m', 'tunix_pw.main', *args],
-                        cwd=ROOT, env=env(**extra_env), capture_output=True,
-                        text=True, timeout=timeout)
+  """main in a fresh process; with `kill_at_step`, SIGKILLed after it."""
+  command = ['-m', 'tunix_pw.main']
+  if kill_at_step:
+    command = ['-c', KILLED_AT_STEP]
+    extra_env['KILL_AT_STEP'] = str(kill_at_step)
+  return subprocess.run([sys.executable, *command, *args], cwd=ROOT,
+                        env=env(**extra_env), capture_output=True, text=True,
+                        timeout=timeout)
 
 
 def launch_local(num_processes: int, *args: str,

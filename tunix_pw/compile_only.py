@@ -30,10 +30,10 @@ import numpy as np
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints, decoder, lora
 from tunix_pw.runtime import backend, meshes as meshes_lib, sharding, topology
-from tunix_pw.train import setup
+from tunix_pw.train import scoring, setup
+from tunix_pw import workdir as workdir_lib
 
 COMPILE_ONLY = 'compile_only'  # the Runtime backend of these checks
-REPORT = 'compile_report.json'
 
 
 @dataclasses.dataclass
@@ -140,7 +140,7 @@ def reference_phase(config: Any, meshes: Any, full_state: nnx.State,
   model joins its role's `resident` state, unless it is a LoRA policy's own
   frozen base (resident already)."""
   phase = logps_phase('reference logps', meshes,
-                      setup.reference_mesh(config, meshes), full_state,
+                      scoring.reference_mesh(config, meshes), full_state,
                       config.sharding, lower)
   if not config.lora.rank:
     resident.setdefault(phase.role, {})['reference'] = phase.resident_args
@@ -282,7 +282,8 @@ def check(config: Any, job: Any, tpu_type: str, num_slices: int,
     from etils import epath  # pylint: disable=g-import-not-at-top
     path = epath.Path(workdir)
     path.mkdir(parents=True, exist_ok=True)
-    (path / REPORT).write_text(json.dumps(report, indent=1))
+    (path / workdir_lib.COMPILE_REPORT).write_text(
+        json.dumps(report, indent=1))
   print(f'compiled {sum(m.programs for m in measured)} programs in '
         f'{seconds:.1f} s; peak {size(worst["peak"])} per device of '
         f'{size(hbm)}: {"fits" if fits else "DOES NOT FIT"}', flush=True)

@@ -27,7 +27,8 @@ import jax
 import ml_collections
 from ml_collections import config_flags
 
-from tunix_pw import compile_only, errors, jobs
+from tunix_pw import checks, compile_only, jobs
+from tunix_pw import workdir as workdir_lib
 from tunix_pw.errors import UsageError
 from tunix_pw.runtime import backend, meshes
 from tunix_pw.runtime.preemption import EXIT_PREEMPTED, Preempted, Preemption
@@ -52,7 +53,6 @@ _COMPILE_TOPOLOGY = flags.DEFINE_string(
 _COMPILE_NUM_SLICES = flags.DEFINE_integer(
     'compile_num_slices', 1, 'Slices of --compile_topology.')
 
-SNAPSHOT = 'config.json'
 EXIT_USAGE = 2
 
 
@@ -157,7 +157,7 @@ def _shape_defining(config: dict[str, Any]) -> dict[str, Any]:
 
 def check_resume(config: ml_collections.ConfigDict, workdir: epath.Path):
   """Refuses to resume into a workdir whose snapshot differs in shape."""
-  snapshot = workdir / SNAPSHOT
+  snapshot = workdir / workdir_lib.CONFIG
   if not snapshot.exists():
     return
   try:
@@ -194,12 +194,12 @@ def main(argv: Sequence[str]) -> None:
     logging.set_verbosity(logging.WARNING)
   try:
     if _COMPILE_TOPOLOGY.value:  # shapes only: no checkpoint, no data
-      errors.CHECK_FILES = errors.CHECK_DATA = False
-    job = static_checks(config)
-    if _COMPILE_TOPOLOGY.value:
-      compile_only.check(config, job, _COMPILE_TOPOLOGY.value,
-                         _COMPILE_NUM_SLICES.value, WORKDIR.value)
+      with checks.limited(files=False, data=False):
+        job = static_checks(config)
+        compile_only.check(config, job, _COMPILE_TOPOLOGY.value,
+                           _COMPILE_NUM_SLICES.value, WORKDIR.value)
       return
+    job = static_checks(config)
     workdir = epath.Path(WORKDIR.value)
     check_resume(config, workdir)
     if config.runtime.compilation_cache_dir:
@@ -214,7 +214,7 @@ def main(argv: Sequence[str]) -> None:
       print(f'{runtime.describe()}; meshes: {role_meshes.describe()}',
             flush=True)
       workdir.mkdir(parents=True, exist_ok=True)
-      (workdir / SNAPSHOT).write_text(config.to_json_best_effort(indent=2))
+      (workdir / workdir_lib.CONFIG).write_text(config.to_json_best_effort(indent=2))
     job.run(config, runtime, role_meshes, str(workdir), preemption)
   except UsageError as e:
     _fail(str(e))

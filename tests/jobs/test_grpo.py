@@ -142,7 +142,7 @@ def test_resume_after_sigkill_is_bit_identical(tmp_path):
   straight = run_grpo(*args, workdir=tmp_path / 'straight')
   assert straight.returncode == 0, straight.stderr[-3000:]
   killed = run_grpo(*args, workdir=tmp_path / 'killed',
-                    TUNIX_PW_KILL_AT_STEP='3')
+                    wrapper=helpers.KILLED_AT_STEP, KILL_AT_STEP='3')
   assert killed.returncode == -signal.SIGKILL
   resumed = run_grpo(*args, workdir=tmp_path / 'killed')
   assert resumed.returncode == 0 and 'resumed from step 2' in resumed.stdout

@@ -77,7 +77,7 @@ def uninterrupted(tmp_path_factory):
 def test_resume_after_sigkill_at_step_k_is_bit_identical(tmp_path,
                                                          uninterrupted):
   killed = helpers.run_main(*RESUME_ARGS, f'--workdir={tmp_path}',
-                            TUNIX_PW_KILL_AT_STEP='12')
+                            kill_at_step=12)
   assert killed.returncode == -signal.SIGKILL
   resumed = helpers.run_main(*RESUME_ARGS, f'--workdir={tmp_path}')
   assert resumed.returncode == 0, resumed.stderr[-2000:]

@@ -13,7 +13,7 @@ from tests.models import hf_models
 from tunix_pw.configs import common
 from tunix_pw.models import checkpoints, decoder, hf
 from tunix_pw.models.decoder import Cache
-from tunix_pw.models.layers import Sharder
+from tunix_pw.runtime.sharding import Sharder
 
 FAMILIES = list(hf_models.CONFIGS)
 T = hf_models.SEQ

@@ -104,7 +104,7 @@ def test_big_stacked_leaf_moves_in_chunks_bit_identical():
   budget = 2 * host.nbytes // 6  # two layers per chunk
   assert two_hop.chunk_rows(x, dst, budget) == 2
   moved, stats = reshard.transfer({'w': x}, {'w': dst}, LOCAL, donate=True,
-                                  group_bytes=budget)
+                                  budget=reshard.Budget(budget))
   np.testing.assert_array_equal(np.asarray(moved['w']), host)
   assert moved['w'].sharding == dst and x.is_deleted()
   assert stats.groups == 1
@@ -114,7 +114,7 @@ def test_groups_respect_the_byte_budget():
   host = {f'w{i}': np.full((16, 16), i, np.float32) for i in range(6)}
   source = place(host, FSDP4)
   moved, stats = reshard.transfer(source, TP4_OTHER, LOCAL,
-                                  group_bytes=2 * 16 * 16 * 4)
+                                  budget=reshard.Budget(2 * 16 * 16 * 4))
   assert stats.groups == 3
   assert_bits_equal(moved, host)
 

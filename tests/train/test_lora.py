@@ -15,7 +15,7 @@ from tunix_pw.configs import common
 from tunix_pw.jobs.sft import sft_loss
 from tunix_pw.models import checkpoints, hf, lora, presets
 from tunix_pw.runtime import backend, meshes
-from tunix_pw.train import setup
+from tunix_pw.train import program, scoring, setup
 from tunix_pw.train import step as step_lib
 from tunix_pw.train.checkpoint import Checkpointer
 
@@ -101,7 +101,8 @@ def test_a_lora_reference_is_the_shared_base_with_zero_adapters():
       devices)
   runtime = backend.Runtime(backend.LOCAL, 'test', 0, 1, tuple(devices))
   config = ml_collections.ConfigDict(dict(
-      lora=common.lora(rank=0), sharding=common.sharding()))
+      lora=common.lora(rank=0), sharding=common.sharding(),
+      runtime=common.runtime()))
   model = checkpoints.init(presets.PRESETS['tiny-gemma3'], seed=0,
                            mesh=role_meshes['actor'], rules=config.sharding)
   tokens = jnp.array([[5, 9, 11, 3]])
@@ -109,9 +110,14 @@ def test_a_lora_reference_is_the_shared_base_with_zero_adapters():
   base_logits = model(*args)[0]
 
   # Full fine-tuning: a copy of the initial policy on the reference role.
+  def policy(params, frozen):
+    return program.Program(role_meshes['actor'], graphdef,
+                           nnx.graphdef(model), params, frozen, None, None)
+
   graphdef, params, frozen = setup.split(model, use_lora=False)
-  state, mesh = setup.reference(config, model, graphdef, params, frozen,
-                                role_meshes, runtime)
+  scorer = scoring.reference(config, policy(params, frozen), role_meshes,
+                             runtime)
+  state, mesh = scorer.state, scorer.mesh
   assert mesh is role_meshes['reference']
   for leaf in jax.tree.leaves(state):
     assert leaf.sharding.mesh is mesh
@@ -123,8 +129,9 @@ def test_a_lora_reference_is_the_shared_base_with_zero_adapters():
   config.lora.rank = 4
   graphdef, adapters, frozen = setup.split(model, use_lora=True)
   adapters = jax.tree.map(lambda a: a + 1.0, adapters)  # trained adapters
-  state, mesh = setup.reference(config, model, graphdef, adapters, frozen,
-                                role_meshes, runtime)
+  scorer = scoring.reference(config, policy(adapters, frozen), role_meshes,
+                             runtime)
+  state, mesh = scorer.state, scorer.mesh
   assert mesh is role_meshes['actor']
   shared = {id(x) for x in jax.tree.leaves(frozen)}
   reference_leaves = jax.tree.leaves(state)

@@ -55,12 +55,13 @@ def test_dpo_and_ipo_equal_hand_computation():
   # IPO (Azar et al. 2023, eq. 17): (margin - 1 / (2 beta))^2.
   pc, pr = jnp.array([-3.0, -5.0]), jnp.array([-4.0, -2.0])
   rc, rr = jnp.array([-3.5, -4.0]), jnp.array([-3.5, -3.0])
-  beta = 0.5
+  beta, n = 0.5, jnp.ones(2)  # lengths: unused by DPO and IPO
   margins = np.array([(-3 + 4) - (-3.5 + 3.5), (-5 + 2) - (-4 + 3)])
   np.testing.assert_allclose(
-      losses.dpo(pc, pr, rc, rr, beta),
+      losses.dpo(losses.Pair(pc, n, pr, n, rc, rr), beta, 0.0),
       np.log1p(np.exp(-beta * margins)), rtol=1e-6)
-  np.testing.assert_allclose(losses.ipo(pc, pr, rc, rr, beta),
+  np.testing.assert_allclose(
+      losses.ipo(losses.Pair(pc, n, pr, n, rc, rr), beta, 0.0),
                              (margins - 1 / (2 * beta)) ** 2, rtol=1e-6)
 
 
@@ -74,5 +75,6 @@ def test_orpo_equals_hand_computation():
   odds = lambda p: p / (1 - p)
   expected = 0.5 + lam * -np.log(1 / (1 + odds(pr) / odds(pc)))
   np.testing.assert_allclose(
-      losses.orpo(chosen_sum, chosen_n, rejected_sum, rejected_n, lam),
+      losses.orpo(losses.Pair(chosen_sum, chosen_n, rejected_sum,
+                              rejected_n), 0.0, lam),
       [expected], rtol=1e-6)

@@ -32,6 +32,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.micro_batches = 1
   c.log_every = 20
   c.eval_every = 0  # steps between held-out evaluations; 0: at the end only
+  # Stop once an eval_every evaluation reaches this accuracy (0: off).
+  c.stop_at_accuracy = 0.0
   c.eval_examples = 500
   c.eval_batch_size = 100 if local else 64
   c.eval_max_new_tokens = 8 if local else 256

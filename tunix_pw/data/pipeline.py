@@ -23,7 +23,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 import tensorflow_datasets as tfds
 
-from tunix_pw import errors
+from tunix_pw import checks
 from tunix_pw.data import builders
 from tunix_pw.errors import UsageError
 from tunix_pw.runtime import backend, sharding
@@ -54,7 +54,7 @@ class DataSpec:
                        f'one of {", ".join(builders.BUILDERS)}.')
     if self.name == 'arithmetic':
       builders.arithmetic_config(**dict(self.arithmetic))
-    elif not self.manual_dir and errors.CHECK_DATA:
+    elif not self.manual_dir and checks.scope().data:
       raise UsageError(f'--config.data.manual_dir is required for '
                        f'{self.name}: a directory with train.jsonl and '
                        'test.jsonl.')
@@ -67,6 +67,21 @@ class DataSpec:
       config = builders.jsonl_config(self.manual_dir, self.on_bad_line)
     return builders.BUILDERS[self.name](data_dir=self.data_dir, config=config,
                                         file_format='array_record')
+
+
+def check_data_block(block: Any, prefix: str = '--config.data') -> None:
+  """Static checks of a data block, shared by every job that reads data."""
+  spec = DataSpec.from_block(block)
+  if checks.scope().files:
+    spec.builder()  # unknown names, bad arithmetic sizes, missing files
+  else:
+    spec.check()
+  if block.overlong not in OVERLONG:
+    raise UsageError(f'{prefix}.overlong={block.overlong!r} is unknown; use '
+                     f'one of {", ".join(OVERLONG)}.')
+  if block.max_length < 2:
+    raise UsageError(f'{prefix}.max_length={block.max_length} must be at '
+                     'least 2.')
 
 
 def prepare(spec: DataSpec, runtime: backend.Runtime | None = None):

@@ -9,7 +9,8 @@ from typing import Any
 
 from etils import epath
 
-from tunix_pw import console, errors
+from tunix_pw import console
+from tunix_pw import workdir as workdir_lib
 from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.models import tokenizers
@@ -17,23 +18,8 @@ from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.preemption import Preemption
 
 
-def check_data_block(block: Any, prefix: str = '--config.data') -> None:
-  """Static checks of a data block, shared by every job that reads data."""
-  spec = pipeline.DataSpec.from_block(block)
-  if errors.CHECK_FILES:
-    spec.builder()  # unknown names, bad arithmetic sizes, missing files
-  else:
-    spec.check()
-  if block.overlong not in pipeline.OVERLONG:
-    raise UsageError(f'{prefix}.overlong={block.overlong!r} is unknown; use '
-                     f'one of {", ".join(pipeline.OVERLONG)}.')
-  if block.max_length < 2:
-    raise UsageError(f'{prefix}.max_length={block.max_length} must be at '
-                     'least 2.')
-
-
 def validate(config: Any) -> None:
-  check_data_block(config.data)
+  pipeline.check_data_block(config.data)
   if config.split not in ('train', 'test'):
     raise UsageError(f"--config.split={config.split!r} must be 'train' or "
                      "'test'.")
@@ -73,7 +59,8 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
 
   counters = reader.counters
   if config.dump:
-    (epath.Path(workdir) / f'data_p{runtime.process_index}.json').write_text(
+    (epath.Path(workdir) /
+     workdir_lib.data_report(runtime.process_index)).write_text(
         json.dumps(dict(indices=indices, counters=vars(counters))))
   if runtime.is_coordinator:
     print(f'data: {spec.name}/{config.split}: {len(source)} examples in the '

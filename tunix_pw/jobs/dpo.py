@@ -19,12 +19,13 @@ import numpy as np
 from tunix_pw import compile_only, console
 from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
-from tunix_pw.jobs.data import check_data_block
 from tunix_pw.models import checkpoints
-from tunix_pw.models.layers import Sharder
+from tunix_pw.rl import registry
 from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.preemption import Preemption
-from tunix_pw.train import loop, losses, metrics, optim, setup
+from tunix_pw.runtime.sharding import Sharder
+from tunix_pw.train import loop, losses, metrics, optim, program, scoring
+from tunix_pw.train import setup
 from tunix_pw.train import step as step_lib
 from tunix_pw.train.checkpoint import Checkpointer
 
@@ -33,13 +34,11 @@ SIDES = ('chosen', 'rejected')
 
 def validate(config: Any) -> None:
   checkpoints.check_model_block(config.model)
-  check_data_block(config.data)
+  pipeline.check_data_block(config.data)
   optim.check(config.optimizer)
   setup.check_lora_block(config.lora)
-  if config.dpo.algorithm not in losses.PREFERENCE_LOSSES:
-    raise UsageError(f'--config.dpo.algorithm={config.dpo.algorithm!r} is '
-                     f'unknown; use one of '
-                     f'{", ".join(losses.PREFERENCE_LOSSES)}.')
+  registry.check('preference_loss', config.dpo.algorithm,
+                 '--config.dpo.algorithm')
   if config.data.name not in ('preferences', 'arithmetic'):
     raise UsageError(f'--config.data.name={config.data.name!r} has no '
                      "preference pairs; use 'preferences' (or 'arithmetic' "
@@ -67,33 +66,32 @@ def sequence_logps(model, batch, side: str, shard: Sharder = Sharder()):
 def preference_loss(model, batch, rng, *, algorithm: str, beta: float,
                     lam: float, shard: Sharder = Sharder()):
   del rng
-  chosen, chosen_n = sequence_logps(model, batch, 'chosen', shard)
-  rejected, rejected_n = sequence_logps(model, batch, 'rejected', shard)
-  if algorithm == 'orpo':
-    per_pair = losses.orpo(chosen, chosen_n, rejected, rejected_n, lam)
-    margin = chosen / chosen_n - rejected / rejected_n
+  pair = losses.Pair(*sequence_logps(model, batch, 'chosen', shard),
+                     *sequence_logps(model, batch, 'rejected', shard),
+                     batch.get('ref_chosen'), batch.get('ref_rejected'))
+  per_pair = registry.get('preference_loss', algorithm)(pair, beta, lam)
+  if algorithm == 'orpo':  # no reference: the mean log-probabilities' margin
+    margin = (pair.chosen / pair.chosen_tokens -
+              pair.rejected / pair.rejected_tokens)
   else:
-    per_pair = getattr(losses, algorithm)(chosen, rejected,
-                                          batch['ref_chosen'],
-                                          batch['ref_rejected'], beta)
-    margin = beta * ((chosen - rejected) -
-                     (batch['ref_chosen'] - batch['ref_rejected']))
+    margin = beta * losses.margin(pair)
   return per_pair.sum(), dict(weight=jnp.float32(per_pair.shape[0]),
                               margin=margin.sum(),
                               preferred=(margin > 0).sum().astype(jnp.float32))
 
 
-def make_train_step(config: Any, mesh: Any, graphdef: Any, params: Any,
-                    frozen: Any, optimizer: Any, schedule: Any):
-  """The jitted preference-loss train step (gradient accumulation over
-  micro batches)."""
-  return step_lib.make_step(
-      graphdef, frozen, functools.partial(
+def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
+         abstract: bool) -> program.Program:
+  """The policy and its preference-loss train step (gradient accumulation
+  over micro batches), from shapes when `abstract`."""
+  mesh = meshes['actor']
+  return program.build(
+      config, mesh, functools.partial(
           preference_loss, algorithm=config.dpo.algorithm,
           beta=config.dpo.beta, lam=config.dpo.orpo_lambda,
           shard=Sharder(mesh, config.sharding)),
-      optimizer, schedule, config.micro_batches,
-      jax.tree.map(lambda x: x.sharding, params))
+      micro_batches=config.micro_batches, total_updates=config.steps,
+      abstract=abstract)
 
 
 def make_reference_logps(config: Any, graphdef: Any, mesh: Any):
@@ -108,27 +106,21 @@ def make_reference_logps(config: Any, graphdef: Any, mesh: Any):
 def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
   """The train step and the reference's log-probabilities from shapes,
   for compile-only checks (pairs of full `max_length` rows)."""
-  mesh, rules = meshes['actor'], config.sharding
-  model = compile_only.abstract_policy(config, mesh)
-  graphdef, params, frozen = setup.split(model, config.lora.rank > 0)
-  optimizer, schedule = optim.make(config.optimizer, config.steps)
-  state = step_lib.TrainState.abstract(params, optimizer)
+  rules = config.sharding
+  policy = plan(config, meshes, abstract=True)
   shape = (config.batch_size, config.data.max_length)
   pairs = {f'{side}_{key}': (shape, np.int32) for side in SIDES
            for key in ('tokens', 'positions', 'segment_ids', 'loss_mask')}
   references = {} if config.dpo.algorithm == 'orpo' else {
       f'ref_{side}': ((config.batch_size,), np.float32) for side in SIDES}
-  phases = [compile_only.train_phase(
-      make_train_step(config, mesh, graphdef, params, frozen, optimizer,
-                      schedule), state, frozen,
-      compile_only.batch_on(mesh, rules, {**pairs, **references}))]
-  resident = {'actor': compile_only.actor_resident(state, frozen)}
+  phases = [program.train_phase(policy, compile_only.batch_on(
+      policy.mesh, rules, {**pairs, **references}))]
+  resident = {'actor': program.resident(policy)}
   if references:
-    full_graphdef, full_state = nnx.split(model)
     phases.append(compile_only.reference_phase(
-        config, meshes, full_state,
+        config, meshes, nnx.state(policy.model()),
         lambda ref_mesh, ref_state: make_reference_logps(
-            config, full_graphdef, ref_mesh).lower(
+            config, policy.full_graphdef, ref_mesh).lower(
                 ref_state, compile_only.batch_on(ref_mesh, rules, pairs)),
         resident))
   return compile_only.Plan(resident, phases)
@@ -138,20 +130,14 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
         workdir: str, preemption: Preemption) -> None:
   mesh, rules = meshes['actor'], config.sharding
   algorithm = config.dpo.algorithm
-  model, _ = setup.policy(config, mesh)
+  policy = plan(config, meshes, abstract=False)
+  state, train_step = policy.state, policy.train_step
   tokenizer = setup.tokenizer(config.model)
-  graphdef, params, frozen = setup.split(model, config.lora.rank > 0)
 
   reference = None
   if algorithm != 'orpo':
-    ref_state, ref_mesh = setup.reference(config, model, graphdef, params,
-                                          frozen, meshes, runtime)
-    reference = make_reference_logps(config, nnx.graphdef(model), ref_mesh)
-
-  optimizer, schedule = optim.make(config.optimizer, config.steps)
-  state = step_lib.TrainState.create(params, optimizer, config.seed)
-  train_step = make_train_step(config, mesh, graphdef, params, frozen,
-                               optimizer, schedule)
+    scorer = scoring.reference(config, policy, meshes, runtime)
+    reference = make_reference_logps(config, scorer.graphdef, scorer.mesh)
 
   spec = pipeline.DataSpec.from_block(config.data)
   sources, _ = pipeline.prepare(spec, runtime)
@@ -183,7 +169,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
       batch = pipeline.place(host, mesh, rules)
       if reference is not None:
         batch['ref_chosen'], batch['ref_rejected'] = reference(
-            ref_state, pipeline.place(host, ref_mesh, rules))
+            scorer.state, pipeline.place(host, scorer.mesh, rules))
       state, step_metrics = train_step(state, batch)
       done = step + 1
       tracker.add(done, step_metrics,
@@ -198,7 +184,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   checkpointer.close()
   writer.close()
   if config.export:
-    setup.export(config, graphdef, state.params, frozen)
+    setup.export(config, policy.model(state.params))
   if runtime.is_coordinator:
     last = metrics.read(workdir)[-1]
     print(f'{algorithm}: loss {last["loss"]:.4f}, preferred '

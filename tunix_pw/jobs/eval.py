@@ -10,9 +10,9 @@ from typing import Any
 from etils import epath
 import jax
 
+from tunix_pw import workdir as workdir_lib
 from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
-from tunix_pw.jobs.data import check_data_block
 from tunix_pw.models import checkpoints
 from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.fetch import fetch
@@ -26,7 +26,7 @@ MODES = ('exact_match', 'loss')
 
 def validate(config: Any) -> None:
   checkpoints.check_model_block(config.model)
-  check_data_block(config.data)
+  pipeline.check_data_block(config.data)
   if config.mode not in MODES:
     raise UsageError(f'--config.mode={config.mode!r} is unknown; use one of '
                      f'{", ".join(MODES)}.')
@@ -80,7 +80,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
     result = evaluate.exact_match(sampler, tokenizer, prompts, answers,
                                   config.max_new_tokens, config.batch_size)
   if runtime.is_coordinator:
-    (epath.Path(workdir) / 'eval.json').write_text(json.dumps(result))
+    (epath.Path(workdir) / workdir_lib.EVAL).write_text(json.dumps(result))
     print(f'eval: {spec.name}/{config.split} {config.mode}: ' + ', '.join(
         f'{k} {v:.4g}' for k, v in result.items()))
 

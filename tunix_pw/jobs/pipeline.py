@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from tunix_pw import jobs
+from tunix_pw import workdir as workdir_lib
 from tunix_pw.errors import UsageError
 from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.preemption import Preemption
@@ -52,7 +53,7 @@ def plot(workdir: str, stage: str) -> str:
   axis.set_ylim(0, 1.05)
   axis.legend()
   axis.grid(alpha=0.3)
-  path = os.path.join(workdir, 'progress.png')
+  path = workdir_lib.path(workdir, workdir_lib.PROGRESS)
   figure.savefig(path, dpi=100, bbox_inches='tight')
   return path
 
@@ -71,7 +72,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
         stage.model.checkpoint = previous
     stage_meshes = meshes_lib.build(stage.meshes, runtime.devices)
     if runtime.is_coordinator:  # a stage's workdir is a checkpoint of its own
-      with open(os.path.join(stage_dir, 'config.json'), 'w') as f:
+      with open(workdir_lib.path(stage_dir, workdir_lib.CONFIG), 'w') as f:
         f.write(stage.to_json_best_effort(indent=2))
       print(f'pipeline: {name} meshes: {stage_meshes.describe()}', flush=True)
     jobs.get(stage.job).run(stage, runtime, stage_meshes, stage_dir,

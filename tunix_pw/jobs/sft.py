@@ -10,27 +10,24 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from flax import nnx
-import jax
 import numpy as np
 
 from tunix_pw import compile_only, console
 from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
-from tunix_pw.jobs.data import check_data_block
 from tunix_pw.models import checkpoints
-from tunix_pw.models.layers import Sharder
-from tunix_pw.runtime import backend, meshes as meshes_lib
+from tunix_pw.runtime import backend, meshes as meshes_lib, reshard
 from tunix_pw.runtime.preemption import Preemption
+from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.sampling.sampler import make_sampler
-from tunix_pw.train import evaluate, loop, metrics, optim, setup
+from tunix_pw.train import evaluate, loop, metrics, optim, program, setup
 from tunix_pw.train import step as step_lib
 from tunix_pw.train.checkpoint import Checkpointer
 
 
 def validate(config: Any) -> None:
   checkpoints.check_model_block(config.model)
-  check_data_block(config.data)
+  pipeline.check_data_block(config.data)
   optim.check(config.optimizer)
   setup.check_lora_block(config.lora)
   if config.data.name == 'preferences':
@@ -38,6 +35,12 @@ def validate(config: Any) -> None:
                      '(configs/dpo.py); SFT reads arithmetic, gsm8k or chat.')
   if config.steps < 1:
     raise UsageError(f'--config.steps={config.steps} must be at least 1.')
+  if config.stop_at_accuracy and not (
+      0 < config.stop_at_accuracy <= 1 and config.eval_every and
+      config.eval_examples):
+    raise UsageError(f'--config.stop_at_accuracy={config.stop_at_accuracy} '
+                     'must be in (0, 1] and needs --config.eval_every and '
+                     '--config.eval_examples.')
   if config.batch_size % config.micro_batches:
     raise UsageError(f'--config.batch_size={config.batch_size} does not '
                      f'split into --config.micro_batches='
@@ -60,32 +63,27 @@ def sft_loss(model, batch, rng, shard: Sharder = Sharder()):
                                     accuracy=(correct * weight).sum())
 
 
-def make_train_step(config: Any, mesh, graphdef, params, frozen, optimizer,
-                    schedule):
-  return step_lib.make_step(
-      graphdef, frozen, functools.partial(
+def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
+         abstract: bool) -> program.Program:
+  """The policy and its train step (from shapes when `abstract`)."""
+  mesh = meshes['actor']
+  return program.build(
+      config, mesh, functools.partial(
           sft_loss, shard=Sharder(mesh, config.sharding)),
-      optimizer, schedule, config.micro_batches,
-      jax.tree.map(lambda x: x.sharding, params))
+      micro_batches=config.micro_batches, total_updates=config.steps,
+      abstract=abstract)
 
 
 def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
   """The train step from shapes, for compile-only checks (a batch of full
   `max_length` rows, as packing or several processes make it)."""
-  mesh = meshes['actor']
-  graphdef, params, frozen = setup.split(
-      compile_only.abstract_policy(config, mesh), config.lora.rank > 0)
-  optimizer, schedule = optim.make(config.optimizer, config.steps)
-  state = step_lib.TrainState.abstract(params, optimizer)
-  train_step = make_train_step(config, mesh, graphdef, params, frozen,
-                               optimizer, schedule)
+  policy = plan(config, meshes, abstract=True)
   shape = (config.batch_size, config.data.max_length)
-  batch = compile_only.batch_on(mesh, config.sharding, {
+  batch = compile_only.batch_on(policy.mesh, config.sharding, {
       k: (shape, np.int32)
       for k in ('tokens', 'positions', 'segment_ids', 'loss_mask')})
-  return compile_only.Plan(
-      {'actor': compile_only.actor_resident(state, frozen)},
-      [compile_only.train_phase(train_step, state, frozen, batch)])
+  return compile_only.Plan({'actor': program.resident(policy)},
+                           [program.train_phase(policy, batch)])
 
 
 def batches(config: Any, source: Any, tokenizer: Any, runtime: Any,
@@ -110,13 +108,9 @@ def batches(config: Any, source: Any, tokenizer: Any, runtime: Any,
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
         workdir: str, preemption: Preemption) -> None:
   mesh, rules = meshes['actor'], config.sharding
-  model, _ = setup.policy(config, mesh)
+  policy = plan(config, meshes, abstract=False)
+  state, train_step = policy.state, policy.train_step
   tokenizer = setup.tokenizer(config.model)
-  graphdef, params, frozen = setup.split(model, config.lora.rank > 0)
-  optimizer, schedule = optim.make(config.optimizer, config.steps)
-  state = step_lib.TrainState.create(params, optimizer, config.seed)
-  train_step = make_train_step(config, mesh, graphdef, params, frozen,
-                               optimizer, schedule)
 
   spec = pipeline.DataSpec.from_block(config.data)
   sources, _ = pipeline.prepare(spec, runtime)
@@ -124,9 +118,10 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   eval_prompts, eval_answers = setup.heldout(
       spec.name, sources['test'], tokenizer, config.eval_examples,
       config.data.chat)
-  sampler = make_sampler(nnx.merge(graphdef, params, *(
-      [frozen] if frozen is not None else [])), tokenizer, mesh=mesh,
-                         rules=rules, runtime=runtime)
+  sampler = make_sampler(policy.model(), tokenizer, mesh=mesh, rules=rules,
+                         runtime=runtime,
+                         sync_budget=reshard.Budget.from_block(
+                             config.runtime))
 
   checkpointer = Checkpointer(workdir, config.checkpoint.keep,
                               config.checkpoint.async_save)
@@ -145,6 +140,14 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
         config.eval_max_new_tokens, config.eval_batch_size)
     return writer.write(step, {f'eval/{k}': v for k, v in result.items()})
 
+  def reached(result: dict[str, float]) -> bool:
+    target = config.stop_at_accuracy
+    if target and result['eval/accuracy'] >= target and runtime.is_coordinator:
+      print(f'sft: held-out accuracy {result["eval/accuracy"]:.1%} reached '
+            f'--config.stop_at_accuracy={target:g}: stopping', flush=True)
+    return bool(target) and result['eval/accuracy'] >= target
+
+  last = config.steps
   with console.Progress(config.steps - start, 'sft',
                         enabled=runtime.is_coordinator) as bar:
     tracker = loop.Tracker(writer, bar, config.log_every, config.steps,
@@ -156,18 +159,20 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
       done = step + 1
       tracker.add(done, step_metrics, int((host['segment_ids'] > 0).sum()),
                   shown=('loss', 'accuracy'))
-      if config.eval_every and done % config.eval_every == 0:
-        evaluate_now(done)
+      if (config.eval_every and done % config.eval_every == 0 and
+          reached(evaluate_now(done))):
+        last = done
+        break
       loop.end_of_step(done, config.checkpoint.every, save, checkpointer,
                        preemption)
 
   tracker.throttler.wait_for_all()
-  save(config.steps)
-  result = evaluate_now(config.steps) if config.eval_examples else {}
+  save(last)
+  result = evaluate_now(last) if config.eval_examples else {}
   checkpointer.close()
   writer.close()
   if config.export:
-    setup.export(config, graphdef, state.params, frozen)
+    setup.export(config, policy.model(state.params))
   if runtime.is_coordinator and result:
     print(f'sft: held-out greedy exact match {result["eval/accuracy"]:.1%} '
           f'({int(result["eval/correct"])}/{int(result["eval/total"])}, '

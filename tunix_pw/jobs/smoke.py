@@ -21,6 +21,7 @@ import numpy as np
 from etils import epath
 
 from tunix_pw import console
+from tunix_pw import workdir as workdir_lib
 from tunix_pw.errors import UsageError
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard, sharding
 from tunix_pw.runtime.fetch import fetch
@@ -101,7 +102,8 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
     state's bits, in a file per process."""
     record = json.dumps(dict(step=len(losses),
                              checksum=int(fetch(bitsum(params)))))
-    path = epath.Path(workdir) / f'smoke_checkpoint_p{runtime.process_index}'
+    path = epath.Path(workdir) / workdir_lib.smoke_checkpoint(
+        runtime.process_index)
     with path.open('a') as f:
       f.write(record + '\n')
 
@@ -121,8 +123,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   source_bits = int(fetch(bitsum(params)))
   moved, stats = reshard.transfer(
       params, rollout_sh, runtime,
-      group_bytes=config.runtime.reshard_group_mib << 20,
-      max_inflight=config.runtime.max_inflight)
+      budget=reshard.Budget.from_block(config.runtime))
   moved_bits = int(fetch(jax.jit(
       _bitsum, out_shardings=NamedSharding(rollout, PartitionSpec()))(moved)))
   if moved_bits != source_bits:
@@ -142,7 +143,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
       checksum=source_bits,
   )
   if runtime.is_coordinator:
-    (epath.Path(workdir) / 'smoke_summary.json').write_text(
+    (epath.Path(workdir) / workdir_lib.SMOKE_SUMMARY).write_text(
         json.dumps(summary, indent=2))
     print(f'smoke: {runtime.backend} backend, {runtime.process_count} '
           f'process(es), {len(runtime.devices)} devices; {meshes.describe()}\n'

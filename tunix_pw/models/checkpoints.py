@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, SingleDeviceSharding
 import numpy as np
 
-from tunix_pw import errors
+from tunix_pw import checks
 from tunix_pw.errors import UsageError
 from tunix_pw.models import decoder, hf, kaggle
 from tunix_pw.models.config import ModelConfig
@@ -123,7 +123,7 @@ def check_model_block(block: Any, prefix: str = '--config.model') -> None:
   if block.remat not in decoder.REMAT_POLICIES:
     raise UsageError(f'{prefix}.remat={block.remat!r} is unknown; use one of '
                      f'{", ".join(decoder.REMAT_POLICIES)}.')
-  if (block.checkpoint and errors.CHECK_FILES and
+  if (block.checkpoint and checks.scope().files and
       not os.path.isdir(block.checkpoint)):
     raise UsageError(f'{prefix}.checkpoint={block.checkpoint!r} is not a '
                      'directory.')

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from tunix_pw.models import layers
 from tunix_pw.models.config import GLOBAL, LOCAL, ModelConfig
-from tunix_pw.models.layers import Sharder
+from tunix_pw.runtime.sharding import Sharder
 
 REMAT_POLICIES = {
     'none': None,

@@ -2,41 +2,24 @@
 
 Parameters carry their logical axes as `axes` metadata ('embed', 'heads',
 'kv_heads', 'mlp', 'vocab'); a `stack` dimension (scan-stacked layers) comes
-first and is unnamed. Activations are constrained through `Sharder`, which
+first and is unnamed. Activations are constrained through `runtime.sharding.Sharder`, which
 maps logical names to the role's mesh by config rules.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh
 
 from tunix_pw.models.config import ModelConfig, Rope
 from tunix_pw.models.lora import weight
-from tunix_pw.runtime import sharding
+from tunix_pw.runtime.sharding import Sharder
 
 # Large but finite, so that fully masked rows (padding) stay NaN-free.
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
-
-
-@dataclasses.dataclass(frozen=True)
-class Sharder:
-  """Constrains activations to logical axes on a mesh; a no-op without one."""
-
-  mesh: Mesh | None = None
-  rules: Any = None
-
-  def __call__(self, x: jax.Array, *axes: str | None) -> jax.Array:
-    if self.mesh is None:
-      return x
-    return jax.lax.with_sharding_constraint(
-        x, sharding.named(self.mesh, x.shape, axes, self.rules))
 
 
 def param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple, stack: int,

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from tunix_pw.models.layers import Sharder
+from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.rl import functions  # pylint: disable=unused-import (registers)
 from tunix_pw.rl import registry
 

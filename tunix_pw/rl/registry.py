@@ -10,7 +10,8 @@ from collections.abc import Callable
 
 from tunix_pw.errors import UsageError
 
-KINDS = ('advantage', 'policy_loss', 'aggregation', 'kl', 'reward')
+KINDS = ('advantage', 'policy_loss', 'aggregation', 'kl', 'reward',
+         'preference_loss')
 _REGISTRY: dict[str, dict[str, Callable]] = {kind: {} for kind in KINDS}
 
 

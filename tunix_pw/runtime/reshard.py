@@ -59,9 +59,23 @@ class Stats:
             f'{prefix}/seconds': self.seconds, f'{prefix}/groups': self.groups}
 
 
+@dataclasses.dataclass(frozen=True)
+class Budget:
+  """What a transfer may stage at once: groups of at most `group_bytes`,
+  at most `max_inflight` of them unfinished."""
+
+  group_bytes: int = DEFAULT_GROUP_BYTES
+  max_inflight: int = 2
+
+  @classmethod
+  def from_block(cls, block: Any) -> 'Budget':
+    """From a config's runtime block (reshard_group_mib, max_inflight)."""
+    return cls(block.reshard_group_mib << 20, block.max_inflight)
+
+
 def transfer(tree: Any, shardings: Any, runtime: backend.Runtime, *,
-             donate: bool = False, group_bytes: int = DEFAULT_GROUP_BYTES,
-             max_inflight: int = 2) -> tuple[Any, Stats]:
+             donate: bool = False,
+             budget: Budget = Budget()) -> tuple[Any, Stats]:
   """Returns `tree` moved to `shardings` (a matching tree or a prefix) and
   what it took. With `donate`, the source arrays are deleted."""
   leaves, treedef = jax.tree.flatten(tree)
@@ -77,7 +91,8 @@ def transfer(tree: Any, shardings: Any, runtime: backend.Runtime, *,
   for path in _chain(runtime, data, data_targets):
     try:
       move_group = _PLANNERS[path](data, data_targets, donate)
-      out, groups = _run_groups(data, group_bytes, max_inflight, move_group)
+      out, groups = _run_groups(data, budget.group_bytes,
+                                budget.max_inflight, move_group)
       break
     except Exception as e:  # pylint: disable=broad-exception-caught
       if any(x.is_deleted() for x in data):

@@ -9,7 +9,9 @@ dropped, so one KV head under tp=4 is replicated by rule rather than an error.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import dataclasses
 import math
+from typing import Any
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -52,3 +54,17 @@ def tree_shardings(mesh: Mesh, shapes: object, logical: object,
   pytree of logical-axis tuples."""
   return jax.tree.map(lambda x, axes: named(mesh, x.shape, axes, rules),
                       shapes, logical)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sharder:
+  """Constrains activations to logical axes on a mesh; a no-op without one."""
+
+  mesh: Mesh | None = None
+  rules: Any = None
+
+  def __call__(self, x: jax.Array, *axes: str | None) -> jax.Array:
+    if self.mesh is None:
+      return x
+    return jax.lax.with_sharding_constraint(
+        x, named(self.mesh, x.shape, axes, self.rules))

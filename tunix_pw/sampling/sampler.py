@@ -23,7 +23,7 @@ import numpy as np
 
 from tunix_pw.errors import UsageError
 from tunix_pw.models.decoder import Cache, Decoder
-from tunix_pw.models.layers import Sharder
+from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.runtime import backend, reshard, sharding
 from tunix_pw.sampling import rules as decoding
 from tunix_pw.sampling.rollout import Completions, SamplingConfig
@@ -37,12 +37,14 @@ class Sampler:
   def __init__(self, model: Decoder, *, pad_id: int,
                eos_ids: Sequence[int], mesh: Mesh | None = None,
                rules: Any = None, runtime: backend.Runtime | None = None,
-               max_cache: int | None = None):
+               max_cache: int | None = None,
+               sync_budget: reshard.Budget = reshard.Budget()):
     self.graphdef, self.params = nnx.split(model)
     self.cfg = model.cfg
     self.cache_dtype = model.dtype
     self.pad_id, self.eos_ids = pad_id, tuple(eos_ids)
     self.mesh, self.rules, self.runtime = mesh, rules, runtime
+    self.sync_budget = sync_budget  # what update_weights stages at once
     self.max_cache = max_cache or self.cfg.max_position
     self.traces = 0  # compilations of the generate program, for tests
     self.last_sync: reshard.Stats | None = None
@@ -64,7 +66,8 @@ class Sampler:
     if self.runtime is None:
       moved = jax.device_put(sources, targets)
     else:
-      moved, self.last_sync = reshard.transfer(sources, targets, self.runtime)
+      moved, self.last_sync = reshard.transfer(sources, targets, self.runtime,
+                                               budget=self.sync_budget)
     for path, value in zip(incoming, moved):
       # The previous weights are freed once nobody else holds them (the
       # engine may share them with the model it was built from).

@@ -12,15 +12,14 @@ previous one used.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
+from tunix_pw import workdir as workdir_lib
 from tunix_pw.errors import UsageError
 
-DIRECTORY = 'checkpoints'
 
 
 def _abstract(tree: Any) -> Any:
@@ -33,7 +32,7 @@ def _abstract(tree: Any) -> Any:
 class Checkpointer:
 
   def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
-    self.directory = os.path.join(workdir, DIRECTORY)
+    self.directory = workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)
     self.manager = ocp.CheckpointManager(
         self.directory, options=ocp.CheckpointManagerOptions(
             max_to_keep=keep, enable_async_checkpointing=async_save,
@@ -77,11 +76,13 @@ class Checkpointer:
 def latest_params(workdir: str, like: Any) -> Any:
   """Just the trainable parameters of a workdir's latest checkpoint (for
   inference), into the shardings of `like`."""
-  manager = ocp.CheckpointManager(os.path.join(workdir, DIRECTORY),
+  manager = ocp.CheckpointManager(workdir_lib.path(workdir,
+                                                   workdir_lib.CHECKPOINTS),
                                   item_names=('state', 'data'))
   step = manager.latest_step()
   if step is None:
-    raise FileNotFoundError(f'no checkpoint in {workdir}/{DIRECTORY}')
+    raise FileNotFoundError(
+        f'no checkpoint in {workdir}/{workdir_lib.CHECKPOINTS}')
   target = {'params': _abstract(like)}
   restored = manager.restore(step, args=ocp.args.Composite(
       state=ocp.args.PyTreeRestore(

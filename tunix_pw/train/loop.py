@@ -1,12 +1,9 @@
 """The bookkeeping every training loop repeats, as functions it calls:
 resuming, logging at a cadence without a device sync per step, and the
-end-of-step duties (checkpoint cadence, preemption, the resilience-test
-kill switch)."""
+end-of-step duties (checkpoint cadence, preemption)."""
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,10 +14,6 @@ from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.throttle import InflightThrottler
 from tunix_pw.train import metrics
 from tunix_pw.train.checkpoint import Checkpointer
-
-# Resilience tests kill a run right after this step (SIGKILL, no cleanup).
-KILL_AT_STEP = 'TUNIX_PW_KILL_AT_STEP'
-
 
 def resume(checkpointer: Checkpointer, state: Any, data: Any, name: str,
            announce: bool) -> tuple[Any, int]:
@@ -65,13 +58,10 @@ class Tracker:
 
 def end_of_step(done: int, every: int, save: Callable[[int], None],
                 checkpointer: Checkpointer, preemption: Preemption) -> None:
-  """Checkpoint every `every` steps; the kill switch; the preemption check
-  (a checkpoint, then exit 42)."""
+  """Checkpoint every `every` steps; the preemption check (a checkpoint,
+  then exit 42)."""
   if every and done % every == 0:
     save(done)
-  if done == int(os.environ.get(KILL_AT_STEP, '-1')):
-    checkpointer.wait()
-    os.kill(os.getpid(), signal.SIGKILL)
 
   def save_and_wait():
     save(done)

@@ -1,8 +1,9 @@
-"""Training losses as pure functions of per-sequence log-probabilities.
-
-SFT is token-level (see step.token_nll). Preference losses take the summed
-completion log-probabilities of the policy (and of a frozen reference) for
-chosen and rejected completions:
+"""Preference losses, registered beside the RL functions
+(`@register('preference_loss', name)`), as pure functions of per-sequence
+log-probabilities: a `Pair` holds the policy's summed completion
+log-probabilities and completion lengths for chosen and rejected
+completions, and the frozen reference's sums (none for ORPO). SFT's loss is
+token-level (`train.step.token_nll`).
 
 - DPO (Rafailov et al. 2023, arXiv 2305.18290), sigmoid:
   -log sigmoid(beta * ((pi_c - pi_r) - (ref_c - ref_r)))
@@ -15,22 +16,39 @@ chosen and rejected completions:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
-PREFERENCE_LOSSES = ('dpo', 'ipo', 'orpo')
+from tunix_pw.rl.registry import register
 
 
-def dpo(policy_chosen, policy_rejected, ref_chosen, ref_rejected,
-        beta: float) -> jax.Array:
-  margin = (policy_chosen - policy_rejected) - (ref_chosen - ref_rejected)
-  return -jax.nn.log_sigmoid(beta * margin)
+class Pair(NamedTuple):
+  """Per pair [B]: summed completion log-probabilities and lengths."""
+  chosen: jax.Array
+  chosen_tokens: jax.Array
+  rejected: jax.Array
+  rejected_tokens: jax.Array
+  ref_chosen: jax.Array | None = None
+  ref_rejected: jax.Array | None = None
 
 
-def ipo(policy_chosen, policy_rejected, ref_chosen, ref_rejected,
-        beta: float) -> jax.Array:
-  margin = (policy_chosen - policy_rejected) - (ref_chosen - ref_rejected)
-  return (margin - 1.0 / (2.0 * beta)) ** 2
+def margin(pair: Pair) -> jax.Array:
+  return ((pair.chosen - pair.rejected) -
+          (pair.ref_chosen - pair.ref_rejected))
+
+
+@register('preference_loss', 'dpo')
+def dpo(pair: Pair, beta: float, lam: float) -> jax.Array:
+  del lam
+  return -jax.nn.log_sigmoid(beta * margin(pair))
+
+
+@register('preference_loss', 'ipo')
+def ipo(pair: Pair, beta: float, lam: float) -> jax.Array:
+  del lam
+  return (margin(pair) - 1.0 / (2.0 * beta)) ** 2
 
 
 def log_odds(mean_logp: jax.Array) -> jax.Array:
@@ -38,11 +56,12 @@ def log_odds(mean_logp: jax.Array) -> jax.Array:
   return mean_logp - jnp.log1p(-jnp.exp(jnp.minimum(mean_logp, -1e-6)))
 
 
-def orpo(chosen_sum, chosen_tokens, rejected_sum, rejected_tokens,
-         lam: float) -> jax.Array:
+@register('preference_loss', 'orpo')
+def orpo(pair: Pair, beta: float, lam: float) -> jax.Array:
   """ORPO per pair: NLL of the chosen completion (per token) plus lambda
   times the odds-ratio term."""
-  chosen_mean = chosen_sum / chosen_tokens
-  rejected_mean = rejected_sum / rejected_tokens
+  del beta
+  chosen_mean = pair.chosen / pair.chosen_tokens
+  rejected_mean = pair.rejected / pair.rejected_tokens
   ratio = -jax.nn.log_sigmoid(log_odds(chosen_mean) - log_odds(rejected_mean))
   return -chosen_mean + lam * ratio

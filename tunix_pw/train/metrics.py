@@ -4,11 +4,12 @@ count of XLA compilations (a recompiling step is a bug worth seeing)."""
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import jax
 import numpy as np
+
+from tunix_pw import workdir as workdir_lib
 
 _COMPILES = [0]
 
@@ -33,11 +34,12 @@ class Writer:
 
   def __init__(self, workdir: str, enabled: bool = True):
     self.enabled = enabled
-    self.path = os.path.join(workdir, 'metrics.jsonl')
+    self.path = workdir_lib.path(workdir, workdir_lib.METRICS)
     self._tb = None
     if enabled:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+      self._tb = SummaryWriter(workdir_lib.path(workdir,
+                                                workdir_lib.TENSORBOARD))
 
   def write(self, step: int, scalars: dict[str, Any]) -> dict[str, float]:
     values = {k: float(np.asarray(v)) for k, v in scalars.items()}
@@ -55,6 +57,6 @@ class Writer:
 
 
 def read(workdir: str) -> list[dict[str, float]]:
-  path = os.path.join(workdir, 'metrics.jsonl')
+  path = workdir_lib.path(workdir, workdir_lib.METRICS)
   with open(path) as f:
     return [json.loads(line) for line in f]

@@ -10,8 +10,8 @@ from typing import Any
 
 from flax import nnx
 import jax
-import jax.numpy as jnp
 
+from tunix_pw import workdir as workdir_lib
 from tunix_pw.data import formats
 from tunix_pw.data.builders import decode
 from tunix_pw.errors import UsageError
@@ -19,7 +19,6 @@ from tunix_pw.models import checkpoints, hf, lora, presets, tokenizers
 from tunix_pw.models.decoder import Decoder
 from tunix_pw.models.config import ModelConfig
 from tunix_pw.models.tokenizers import Tokenizer
-from tunix_pw.runtime import reshard
 from tunix_pw.train import checkpoint as checkpoint_lib
 import ml_collections
 
@@ -30,22 +29,15 @@ def check_lora_block(block: Any) -> None:
                      f'and alpha={block.alpha} positive.')
 
 
-def is_workdir(path: str) -> bool:
-  """A tunix_pw training workdir (its config snapshot and checkpoints)."""
-  return bool(path) and os.path.isdir(
-      os.path.join(path, checkpoint_lib.DIRECTORY)) and os.path.exists(
-          os.path.join(path, 'config.json'))
-
-
 def _trained_config(workdir: str) -> ml_collections.ConfigDict:
-  with open(os.path.join(workdir, 'config.json')) as f:
+  with open(workdir_lib.path(workdir, workdir_lib.CONFIG)) as f:
     return ml_collections.ConfigDict(json.load(f))
 
 
 def architecture(block: Any) -> ModelConfig:
   """A model block's architecture, from shapes only: a trained workdir's
   model, a visible Hugging Face checkpoint's config, or the preset."""
-  if is_workdir(block.checkpoint):
+  if workdir_lib.is_trained(block.checkpoint):
     return architecture(_trained_config(block.checkpoint).model)
   if (block.checkpoint and os.path.isdir(block.checkpoint) and
       checkpoints.detect(block.checkpoint) == checkpoints.HF):
@@ -58,7 +50,7 @@ def tokenizer_source(block: Any) -> str:
   trained workdir's, or 'char' (the built-in character tokenizer)."""
   if block.tokenizer:
     return block.tokenizer
-  if is_workdir(block.checkpoint):
+  if workdir_lib.is_trained(block.checkpoint):
     return tokenizer_source(_trained_config(block.checkpoint).model)
   return block.checkpoint or 'char'
 
@@ -67,11 +59,10 @@ def tokenizer(block: Any) -> Tokenizer:
   return tokenizers.load(tokenizer_source(block))
 
 
-def export(config: Any, graphdef: Any, params: Any, frozen: Any) -> None:
-  """`config.export`: the trained policy (LoRA merged) in the Hugging Face
-  layout, with its tokenizer's files beside the weights, so that
-  transformers and our own jobs load the directory alone."""
-  model = nnx.merge(graphdef, params, *([] if frozen is None else [frozen]))
+def export(config: Any, model: nnx.Module) -> None:
+  """`config.export`: the trained `model` (LoRA merged, in place) in the
+  Hugging Face layout, with its tokenizer's files beside the weights, so
+  that transformers and our own jobs load the directory alone."""
   lora.merge(model)
   hf.save(config.export, model.cfg, nnx.state(model))
   tokenizers.save(tokenizer_source(config.model), config.export)
@@ -82,7 +73,7 @@ def model_from_block(block: Any, *, seed: int, mesh: Any,
   """The model a model block names: a tunix_pw workdir's latest trained
   weights (LoRA merged), a Hugging Face or Kaggle checkpoint, or a fresh
   init of the preset."""
-  if not is_workdir(block.checkpoint):
+  if not workdir_lib.is_trained(block.checkpoint):
     return checkpoints.from_block(block, seed=seed, mesh=mesh, rules=rules)
   trained = _trained_config(block.checkpoint)
   model, cfg = policy(trained, mesh, rules)
@@ -118,28 +109,6 @@ def split(model: nnx.Module, use_lora: bool):
     return nnx.split(model, lora.LoRAParam, ...)
   graphdef, params = nnx.split(model)
   return graphdef, params, None
-
-
-def reference_mesh(config: Any, meshes: Any):
-  """Where the frozen reference lives: a LoRA policy's base (on the actor
-  mesh), else the reference role (or the actor's devices)."""
-  if config.lora.rank or 'reference' not in meshes.by_role:
-    return meshes['actor']
-  return meshes['reference']
-
-
-def reference(config: Any, model: nnx.Module, graphdef: Any, params: Any,
-              frozen: Any, meshes: Any, runtime: Any) -> tuple[Any, Any]:
-  """The frozen reference policy: (state, mesh). A LoRA policy's reference
-  is its own base with zero adapters, sharing the frozen arrays (no copy);
-  otherwise the initial policy is copied onto the reference mesh."""
-  mesh = reference_mesh(config, meshes)
-  if frozen is not None:
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    return nnx.state(nnx.merge(graphdef, zeros, frozen)), mesh
-  state, _ = reshard.transfer(nnx.state(model), checkpoints.param_shardings(
-      nnx.state(model), mesh, config.sharding), runtime)
-  return state, mesh
 
 
 def heldout(name: str, source: Any, tokenizer: Tokenizer, count: int,

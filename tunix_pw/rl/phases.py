@@ -1,0 +1,144 @@
+"""An RL step as phases, each a small function over explicit inputs:
+
+  rollout   generate G completions per prompt on the rollout mesh, score
+            them (scoring runs inside the rollout: dynamic sampling decides
+            on scores which groups to replace)
+  batch     advantages and the training arrays, on the actor mesh
+  logps     the frozen reference's and the rollout policy's log-probs
+  update    mini-batch updates (num_iterations passes over the rollout)
+  sync      the new weights to the rollout engine (the runtime's reshard)
+  metrics   one step's scalars
+
+A job's loop calls them in order, with preemption checks between them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+import contextlib
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tunix_pw.rl import batch as batch_lib, registry
+from tunix_pw.runtime import reshard, sharding
+from tunix_pw.runtime.fetch import fetch
+from tunix_pw.sampling.rollout import SamplingConfig
+from tunix_pw.train import metrics
+
+
+class Timer(dict):
+  """Seconds per phase: `with timer('rollout'): ...`."""
+
+  @contextlib.contextmanager
+  def __call__(self, phase: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    self[phase] = time.perf_counter() - start
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+  groups: list[batch_lib.Group]
+  weights: list[float]  # per group: 0 for dynamic sampling's fillers
+  counts: dict[str, int]
+
+  @property
+  def real(self) -> list[batch_lib.Group]:
+    return [g for g, w in zip(self.groups, self.weights) if w]
+
+
+def sampling(rl: Any, seed: int = 0) -> SamplingConfig:
+  return SamplingConfig(max_new_tokens=rl.max_new_tokens,
+                        temperature=rl.temperature, top_k=rl.top_k,
+                        top_p=rl.top_p, seed=seed)
+
+
+def rollout(sampler: Any, data: Any, tokenizer: Any, rl: Any,
+            reward_weights: Any, seed: int, step: int) -> Rollout:
+  """The step's scored groups; each refill round samples with its own
+  seed."""
+  groups, weights, counts = batch_lib.rollout(
+      sampler, data, tokenizer, rl, reward_weights,
+      lambda rounds: sampling(rl, seed * 1_000_003 + step * 101 + rounds))
+  return Rollout(groups, weights, counts)
+
+
+def on_mesh(arrays: dict[str, Any], mesh: Any, rules: Any) -> dict[str, Any]:
+  """Host arrays split over `mesh`'s batch axes (every process holds the
+  whole rollout: they generated it together)."""
+  return {k: jax.device_put(v, sharding.batch(mesh, v.shape, rules))
+          for k, v in arrays.items()}
+
+
+def training_arrays(result: Rollout, rl: Any, length: int,
+                    pad_id: int) -> dict[str, np.ndarray]:
+  """tokens, masks, positions, advantages, weights per sample (host)."""
+  return batch_lib.to_arrays(result.groups, result.weights, length, pad_id,
+                             registry.get('advantage', rl.advantage))
+
+
+def chunked_logps(program: Callable, state: Any, arrays: dict[str, Any],
+                  mesh: Any, rules: Any, size: int) -> jax.Array:
+  """`program(state, rows)` over the sequences, `size` rows at a time."""
+  sequences = {k: arrays[k] for k in ('tokens', 'positions', 'segment_ids')}
+  return jnp.concatenate([
+      program(state, on_mesh({k: v[i:i + size] for k, v in sequences.items()},
+                             mesh, rules))
+      for i in range(0, len(sequences['tokens']), size)])
+
+
+def to_actor(extra: dict[str, jax.Array], actor_mesh: Any, rules: Any,
+             runtime: Any, budget: reshard.Budget) -> dict[str, jax.Array]:
+  """Log-probabilities onto the actor mesh, sharded like their batch."""
+  moved, _ = reshard.transfer(extra, {
+      k: sharding.batch(actor_mesh, v.shape, rules)
+      for k, v in extra.items()}, runtime, budget=budget)
+  return moved
+
+
+def update(state: Any, train_step: Callable, batch: dict[str, Any],
+           rl: Any, mesh: Any, rules: Any) -> tuple[Any, dict[str, float]]:
+  """num_iterations passes of mini-batch updates over the rollout, each
+  mini-batch split over `mesh`'s batch axes (a slice of a sharded array
+  comes out replicated)."""
+  n = len(batch['tokens'])
+  for _ in range(rl.num_iterations):
+    for start in range(0, n, rl.mini_batch_size):
+      mini = {k: jax.device_put(v[start:start + rl.mini_batch_size],
+                                sharding.batch(mesh, (rl.mini_batch_size,) +
+                                               v.shape[1:], rules))
+              for k, v in batch.items()}
+      state, step_metrics = train_step(state, mini)
+  return state, fetch(step_metrics)
+
+
+def step_metrics(result: Rollout, update_metrics: dict[str, float],
+                 timer: Timer, sync: reshard.Stats | None,
+                 reward_weights: Any) -> dict[str, float]:
+  """One step's scalars: the update's, timings, rollout counts, rewards."""
+  real, counts = result.real, result.counts
+  rewards = np.concatenate([g.rewards for g in real]) if real else np.zeros(1)
+  names = dict(reward_weights)
+
+  def mean_of(name):
+    return float(np.concatenate([g.per_reward[name] for g in real]).mean())
+
+  values = dict(update_metrics, **{f'time/{k}': v for k, v in timer.items()},
+                **counts)
+  values.update(
+      reward_mean=float(rewards.mean()), reward_std=float(rewards.std()),
+      kept_group_fraction=len(real) / max(len(real) + counts['dropped'], 1),
+      response_length=float(np.mean([len(c) for g in real
+                                     for c in g.completions] or [0])),
+      rollout_tokens_per_s=counts['generated'] / timer['rollout'],
+      sync_bytes=sync.bytes if sync else 0,
+      compilations=metrics.compilations(),
+      **{f'reward/{name}': mean_of(name) if real else 0.0 for name in names})
+  if real and 'exact_answer' in names:
+    values['accuracy'] = mean_of('exact_answer')
+  return values

@@ -1,0 +1,73 @@
+"""A training job's programs, built once.
+
+`build` makes the policy on its mesh (with LoRA when asked), splits it into
+trainable parameters and frozen state, and makes the optimizer, the train
+state and the jitted train step: from arrays for a run, from shapes (with
+their shardings, nothing allocated) for a compile-only check. A job's `run`
+and its `compile_plan` both start from the same `build`, so the compile-only
+report covers exactly the programs the run compiles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+import dataclasses
+from typing import Any
+
+from flax import nnx
+import jax
+
+from tunix_pw import compile_only
+from tunix_pw.train import optim, setup
+from tunix_pw.train import step as step_lib
+
+LossFn = Callable[..., Any]  # (model, batch, rng) -> (loss_sum, sums)
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  """The trained policy and its train step, on `mesh`."""
+
+  mesh: Any
+  graphdef: nnx.GraphDef  # of the trainable split
+  full_graphdef: nnx.GraphDef  # of the whole model
+  params: nnx.State  # trainable: arrays, or shapes with shardings
+  frozen: nnx.State | None  # the rest (a LoRA base), or None
+  state: step_lib.TrainState
+  train_step: Any  # step(state, batch) -> (state, metrics); `.func` lowers
+
+  def model(self, params: nnx.State | None = None) -> nnx.Module:
+    """The whole model with `params` (default: the initial ones)."""
+    params = self.params if params is None else params
+    return nnx.merge(self.graphdef, params,
+                     *([] if self.frozen is None else [self.frozen]))
+
+
+def build(config: Any, mesh: Any, loss_fn: LossFn, *, micro_batches: int,
+          total_updates: int, abstract: bool) -> Program:
+  """The policy of `config` on `mesh` and its train step, which
+  accumulates `loss_fn` over `micro_batches` per update; the optimizer's
+  schedule spans `total_updates`."""
+  model = (compile_only.abstract_policy(config, mesh) if abstract
+           else setup.policy(config, mesh)[0])
+  graphdef, params, frozen = setup.split(model, config.lora.rank > 0)
+  optimizer, schedule = optim.make(config.optimizer, total_updates)
+  state = (step_lib.TrainState.abstract(params, optimizer) if abstract else
+           step_lib.TrainState.create(params, optimizer, config.seed))
+  train_step = step_lib.make_step(
+      graphdef, frozen, loss_fn, optimizer, schedule, micro_batches,
+      jax.tree.map(lambda x: x.sharding, params))
+  return Program(mesh, graphdef, nnx.graphdef(model), params, frozen, state,
+                 train_step)
+
+
+def train_phase(program: Program,
+                batch: dict[str, Any]) -> compile_only.Phase:
+  """The compile-only phase of `program`'s train step on `batch`
+  (shapes)."""
+  return compile_only.train_phase(program.train_step, program.state,
+                                  program.frozen, batch)
+
+
+def resident(program: Program) -> dict[str, int]:
+  return compile_only.actor_resident(program.state, program.frozen)
