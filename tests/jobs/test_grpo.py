@@ -3,6 +3,7 @@ with num_iterations=2, dynamic sampling, LoRA syncing adapters only,
 bit-identical resume; weight sync makes the rollout engine the actor."""
 
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -228,3 +229,35 @@ def test_an_actor_on_one_of_two_controllers_is_refused(tmp_path):
   assert ('the trained state lives on the devices of processes [0] only'
           in result.stdout)
   assert not (tmp_path / 'metrics.jsonl').exists()
+
+
+def test_a_mixture_scores_each_dataset_by_its_rewards(tmp_path):
+  """Two datasets with their own rewards: per-dataset metrics, held-out
+  sets by name (pooled too) with pass@k and maj@k, and sample logs."""
+  result = run_grpo('runlocal,grpo,mix', *PULSE, '--config.eval_examples=8',
+                    '--config.eval_k=3', '--config.sample_every=1',
+                    '--config.samples_per_log=2', workdir=tmp_path)
+  assert result.returncode == 0, result.stderr[-3000:]
+  logged = metrics.read(str(tmp_path))
+  steps = [m for m in logged if 'loss' in m]
+  assert {'reward_mean/add', 'reward_mean/mul', 'accuracy/add',
+          'reward/digits', 'reward/exact_answer'} <= set(steps[-1])
+  assert 'accuracy/mul' not in steps[-1]  # its rewards have no exact answer
+  final = [m for m in logged if 'eval/accuracy' in m][-1]
+  assert final['eval/add/total'] == final['eval/mul/total'] == 8
+  assert final['eval/total'] == 16
+  for name in ('add', 'mul'):
+    assert 0 <= final[f'eval/{name}/maj@3'] <= final[f'eval/{name}/pass@3']
+  samples = [json.loads(line) for line in
+             (tmp_path / 'samples.jsonl').read_text().splitlines()]
+  assert [s['step'] for s in samples] == [1, 1, 2, 2]
+  assert {s['dataset'] for s in samples} <= {'add', 'mul'}
+  assert all(len(s['completions']) == len(s['rewards']) == 8 for s in samples)
+
+
+def test_a_mixture_weight_must_be_positive(tmp_path):
+  result = run_grpo('runlocal,grpo,mix', '--config.mixture.mul.weight=0',
+                    workdir=tmp_path)
+  assert result.returncode == 2
+  assert helpers.error_lines(result.stderr) == [
+      'error: --config.mixture.mul.weight=0.0 must be positive.']

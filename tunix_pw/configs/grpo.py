@@ -8,9 +8,11 @@
       --config.model.checkpoint=/ckpt/gemma-2-2b-it --config.data.name=gsm8k \
       --config.data.manual_dir=/data/gsm8k --workdir=/gcs/bucket/grpo
 
-arg: `<model preset or runlocal>[,<variant>]`, variant one of grpo, dapo,
-drgrpo, gspo (default grpo). A variant is only a set of the registered
-functions and settings below; every field can be overridden.
+arg: `<model preset or runlocal>[,<variant>[,mix]]`, variant one of grpo,
+dapo, drgrpo, gspo (default grpo). A variant is only a set of the
+registered functions and settings below; every field can be overridden.
+`,mix` trains on a mixture of datasets, each with its own rewards (see
+`mixture`).
 """
 
 import ml_collections
@@ -58,12 +60,26 @@ def rl_block(variant: str, local: bool) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(block)
 
 
+def mixture(local: bool) -> ml_collections.ConfigDict:
+  """Two datasets mixed 3:1, each with its own rewards: 2-digit additions
+  (exact answers) and 1-digit multiplications (partial credit per digit);
+  or, on a cluster, GSM8K with arithmetic beside it."""
+  first = (common.data('arithmetic') if local else common.data('gsm8k'))
+  return ml_collections.ConfigDict(dict(
+      add=dict(data=first, weight=3.0, rewards='exact_answer:1.0,format:0.1'),
+      mul=dict(data=common.data('arithmetic', digits=1, operations='*',
+                                train_size=60, test_size=21),
+               weight=1.0, rewards='digits:1.0,format:0.1')))
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   preset, _, variant = (arg or 'runlocal').partition(',')
+  variant, _, mix = variant.partition(',')
   variant = variant or 'grpo'
-  if variant not in VARIANTS:
-    raise ValueError(f'unknown variant {variant!r}; use one of '
-                     f'{", ".join(VARIANTS)}')
+  if variant not in VARIANTS or mix not in ('', 'mix'):
+    raise ValueError(f'unknown variant {variant!r}{"," + mix if mix else ""};'
+                     f' use one of {", ".join(VARIANTS)}, optionally '
+                     'followed by ",mix"')
   local = preset in ('', 'runlocal')
   c = ml_collections.ConfigDict()
   c.job = 'grpo'
@@ -71,14 +87,21 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model = common.model('tiny-gemma' if local else preset)
   c.lora = common.lora()
   c.data = common.data('arithmetic' if local else 'gsm8k')
+  # Datasets mixed by weight, each {data, weight, rewards} (`,mix` in the
+  # config's arg); empty: the data block alone, scored by rl.rewards.
+  c.mixture = mixture(local) if mix else ml_collections.ConfigDict()
   c.rl = rl_block(variant, local)
   c.optimizer = common.optimizer(learning_rate=1e-4 if local else 1e-6,
                                  warmup_steps=0, schedule='constant')
   c.steps = 20 if local else 500
   c.log_every = 1
   c.eval_every = 0  # 0: at the start and the end only
-  c.eval_examples = 500
+  c.eval_examples = 500  # per held-out set (a mixture has one per dataset)
   c.eval_batch_size = 100 if local else 64
+  c.eval_k = 0  # samples per problem for pass@k and maj@k (0: greedy only)
+  c.eval_temperature = 1.0
+  c.sample_every = 0  # steps between sample logs to samples.jsonl (0: off)
+  c.samples_per_log = 4  # prompts per sample log, with all completions
   c.checkpoint = common.checkpointing(every=10 if local else 50)
   c.export = ''  # a directory: the final model and tokenizer, HF layout
   c.runtime = common.runtime(host_device_count=8 if local else 0)

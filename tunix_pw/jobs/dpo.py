@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tunix_pw import compile_only, console
+from tunix_pw import compile_only
 from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints
@@ -27,7 +27,6 @@ from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.train import loop, losses, metrics, optim, program, scoring
 from tunix_pw.train import setup
 from tunix_pw.train import step as step_lib
-from tunix_pw.train.checkpoint import Checkpointer
 
 SIDES = ('chosen', 'rejected')
 
@@ -131,7 +130,6 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   mesh, rules = meshes['actor'], config.sharding
   algorithm = config.dpo.algorithm
   policy = plan(config, meshes, abstract=False)
-  state, train_step = policy.state, policy.train_step
   tokenizer = setup.tokenizer(config.model)
 
   reference = None
@@ -151,40 +149,24 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
       process_count=runtime.process_count,
       batch_fn=lambda rows: formats.pad_pairs(rows, length, tokenizer.pad_id))
 
-  checkpointer = Checkpointer(workdir, config.checkpoint.keep,
-                              config.checkpoint.async_save)
-  state, start = loop.resume(checkpointer, state, data, algorithm,
-                             runtime.is_coordinator)
-  writer = metrics.Writer(workdir, runtime.is_coordinator)
+  session = loop.Session(algorithm, config, runtime, workdir, policy.state,
+                         data)
 
-  def save(step: int) -> None:
-    checkpointer.save(step, state, data.state())
+  def step(index: int) -> tuple[Any, int]:
+    del index
+    host = next(data)
+    batch = pipeline.place(host, mesh, rules)
+    if reference is not None:
+      batch['ref_chosen'], batch['ref_rejected'] = reference(
+          scorer.state, pipeline.place(host, scorer.mesh, rules))
+    session.state, step_metrics = policy.train_step(session.state, batch)
+    return step_metrics, int((host['chosen_segment_ids'] > 0).sum() +
+                             (host['rejected_segment_ids'] > 0).sum())
 
-  with console.Progress(config.steps - start, algorithm,
-                        enabled=runtime.is_coordinator) as bar:
-    tracker = loop.Tracker(writer, bar, config.log_every, config.steps,
-                           config.runtime.max_inflight)
-    for step in range(start, config.steps):
-      host = next(data)
-      batch = pipeline.place(host, mesh, rules)
-      if reference is not None:
-        batch['ref_chosen'], batch['ref_rejected'] = reference(
-            scorer.state, pipeline.place(host, scorer.mesh, rules))
-      state, step_metrics = train_step(state, batch)
-      done = step + 1
-      tracker.add(done, step_metrics,
-                  int((host['chosen_segment_ids'] > 0).sum() +
-                      (host['rejected_segment_ids'] > 0).sum()),
-                  shown=('loss', 'margin'))
-      loop.end_of_step(done, config.checkpoint.every, save, checkpointer,
-                       preemption)
-
-  tracker.throttler.wait_for_all()
-  save(config.steps)
-  checkpointer.close()
-  writer.close()
+  session.save(loop.run_steps(session, preemption, step, ('loss', 'margin')))
+  session.close()
   if config.export:
-    setup.export(config, policy.model(state.params))
+    setup.export(config, policy.model(session.state.params))
   if runtime.is_coordinator:
     last = metrics.read(workdir)[-1]
     print(f'{algorithm}: loss {last["loss"]:.4f}, preferred '

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from tunix_pw import compile_only, console
-from tunix_pw.data import formats, pipeline
+from tunix_pw.data import formats, mixture, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints
 from tunix_pw.rl import batch as batch_lib, loss as loss_lib, phases
@@ -31,14 +31,34 @@ from tunix_pw.runtime import backend, meshes as meshes_lib, reshard
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.sampling.sampler import Sampler, make_sampler
-from tunix_pw.train import evaluate, loop, metrics, optim, program, scoring
-from tunix_pw.train import setup
-from tunix_pw.train.checkpoint import Checkpointer
+from tunix_pw.train import evaluate, loop, optim, program, scoring, setup
+
+
+def datasets(config: Any) -> dict[str, tuple[Any, float, str]]:
+  """name -> (data block, weight, rewards): the mixture's datasets, or the
+  data block alone (named '') scored by --config.rl.rewards."""
+  if not config.mixture:
+    return {'': (config.data, 1.0, config.rl.rewards)}
+  return {name: (entry.data, entry.weight, entry.rewards)
+          for name, entry in config.mixture.items()}
+
+
+def check_datasets(config: Any) -> None:
+  for name, (block, weight, rewards) in datasets(config).items():
+    prefix = f'--config.mixture.{name}' if name else '--config'
+    pipeline.check_data_block(block, f'{prefix}.data')
+    rewards_lib.parse_weights(rewards, f'{prefix}.rewards' if name
+                              else '--config.rl.rewards')
+    if weight <= 0:
+      raise UsageError(f'{prefix}.weight={weight} must be positive.')
+  if config.eval_k < 0 or config.eval_k == 1:
+    raise UsageError(f'--config.eval_k={config.eval_k} must be 0 (greedy '
+                     'only) or at least 2 samples per problem.')
 
 
 def validate(config: Any) -> None:
   checkpoints.check_model_block(config.model)
-  pipeline.check_data_block(config.data)
+  check_datasets(config)
   optim.check(config.optimizer)
   setup.check_lora_block(config.lora)
   rl = config.rl
@@ -46,7 +66,6 @@ def validate(config: Any) -> None:
                      ('policy_loss', rl.policy_loss),
                      ('aggregation', rl.aggregation), ('kl', rl.kl)):
     registry.check(kind, name, f'--config.rl.{kind}')
-  rewards_lib.parse_weights(rl.rewards)
   samples = rl.prompts_per_step * rl.num_generations
   if rl.num_generations < 2:
     raise UsageError('--config.rl.num_generations must be at least 2 (a '
@@ -134,8 +153,8 @@ class Parts:
   sampler: Sampler  # the rollout engine, on the rollout mesh
   reference: scoring.Scorer | None
   tokenizer: Any
-  data: Any  # the prompt pipeline
-  reward_weights: list[tuple[str, float]]
+  data: Any  # the prompt pipeline, or a mixture of several
+  reward_weights: dict[str, list[tuple[str, float]]]  # dataset -> weights
 
 
 def rollout_engine(config: Any, programs: Plan, tokenizer: Any,
@@ -173,7 +192,8 @@ def log_probs(parts: Parts, state: Any,
 
 
 def step(parts: Parts, state: Any, index: int, preemption: Preemption,
-         stop: Callable[[], None]) -> tuple[Any, dict[str, float]]:
+         stop: Callable[[], None]
+         ) -> tuple[Any, dict[str, float], phases.Rollout]:
   """One RL step, phase by phase, with preemption checks between them."""
   config, rl, timer = parts.config, parts.config.rl, phases.Timer()
   with timer('rollout'):
@@ -196,7 +216,7 @@ def step(parts: Parts, state: Any, index: int, preemption: Preemption,
     parts.sampler.update_weights(state.params)
   return state, phases.step_metrics(result, update_metrics, timer,
                                     parts.sampler.last_sync,
-                                    parts.reward_weights)
+                                    parts.reward_weights), result
 
 
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
@@ -206,80 +226,113 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   sampler = rollout_engine(config, programs, tokenizer, meshes, runtime)
   reference = (scoring.reference(config, programs.policy, meshes, runtime)
                if 'ref_logps' in programs.needed else None)
-  spec = pipeline.DataSpec.from_block(config.data)
-  sources, _ = pipeline.prepare(spec, runtime)
-  data = pipeline.Pipeline(
-      sources['train'], formats.prompt_transform(
-          spec.name, tokenizer, config.rl.max_prompt_length,
-          config.data.chat),
-      batch_size=config.rl.prompts_per_step, seed=config.seed, num_epochs=None)
+  data, heldout, reward_weights = prompts(config, runtime, tokenizer)
   parts = Parts(config, runtime, programs, sampler, reference, tokenizer, data,
-                rewards_lib.parse_weights(config.rl.rewards))
-  heldout = setup.heldout(spec.name, sources['test'], tokenizer,
-                          config.eval_examples, config.data.chat)
+                reward_weights)
   state = train(parts, heldout, workdir, preemption)
   if config.export:
     setup.export(config, programs.policy.model(state.params))
 
 
-def train(parts: Parts, heldout: tuple[list[list[int]], list[str]],
-          workdir: str, preemption: Preemption) -> Any:
-  """The loop: resume, steps (metrics, evaluation, checkpoints), the
-  final evaluation; returns the final train state."""
-  config, runtime, sampler = parts.config, parts.runtime, parts.sampler
-  checkpointer = Checkpointer(workdir, config.checkpoint.keep,
-                              config.checkpoint.async_save)
-  state, start = loop.resume(checkpointer, parts.plan.policy.state,
-                             parts.data, 'grpo', runtime.is_coordinator)
-  if start:
-    sampler.update_weights(state.params)
-  writer = metrics.Writer(workdir, runtime.is_coordinator)
+def prompts(config: Any, runtime: backend.Runtime, tokenizer: Any):
+  """(the prompt stream, the held-out sets by name, the reward weights by
+  dataset): one dataset's pipeline, or a mixture's."""
+  rl, entries = config.rl, datasets(config)
+  streams, heldout, reward_weights = {}, {}, {}
+  for name, (block, _, rewards) in entries.items():
+    spec = pipeline.DataSpec.from_block(block)
+    sources, _ = pipeline.prepare(spec, runtime)
+    streams[name] = pipeline.Pipeline(
+        sources['train'], formats.prompt_transform(
+            spec.name, tokenizer, rl.max_prompt_length, block.chat),
+        batch_size=rl.prompts_per_step if len(entries) == 1 else 1,
+        seed=config.seed, num_epochs=None)
+    heldout[name] = setup.heldout(spec.name, sources['test'], tokenizer,
+                                  config.eval_examples, block.chat)
+    reward_weights[name] = rewards_lib.parse_weights(rewards)
+  data = streams[''] if '' in streams else mixture.Mixture(
+      streams, {n: w for n, (_, w, _) in entries.items()},
+      rl.prompts_per_step, config.seed)
+  return data, heldout, reward_weights
 
-  def save(done: int) -> None:
-    checkpointer.save(done, state, parts.data.state())
+
+def evaluate_sets(parts: Parts, heldout: dict[str, Any]) -> dict[str, float]:
+  """Greedy accuracy (with pass@k and maj@k when --config.eval_k) on each
+  held-out set; a mixture's sets are also pooled."""
+  config, out = parts.config, {}
+  sampling = dataclasses.replace(
+      phases.sampling(config.rl, config.seed),
+      temperature=config.eval_temperature) if config.eval_k else None
+  for name, (prompts_ids, answers) in heldout.items():
+    result = evaluate.exact_match(parts.sampler, parts.tokenizer, prompts_ids,
+                                  answers, config.rl.max_new_tokens,
+                                  config.eval_batch_size)
+    if sampling:
+      result.update(evaluate.sampled(
+          parts.sampler, parts.tokenizer, prompts_ids, answers,
+          config.eval_k, sampling, config.eval_batch_size))
+    out.update({f'eval/{name}/{k}' if name else f'eval/{k}': v
+                for k, v in result.items()})
+  if len(heldout) > 1:
+    correct = sum(out[f'eval/{n}/correct'] for n in heldout)
+    total = sum(out[f'eval/{n}/total'] for n in heldout)
+    low, high = evaluate.wilson_interval(int(correct), int(total))
+    out.update({'eval/accuracy': correct / max(total, 1),
+                'eval/correct': correct, 'eval/total': total,
+                'eval/ci_low': low, 'eval/ci_high': high})
+  return out
+
+
+def train(parts: Parts, heldout: dict[str, Any], workdir: str,
+          preemption: Preemption) -> Any:
+  """The loop: resume, steps (metrics, samples, evaluation, checkpoints),
+  the final evaluation; returns the final train state."""
+  config, runtime, sampler = parts.config, parts.runtime, parts.sampler
+  session = loop.Session('grpo', config, runtime, workdir,
+                         parts.plan.policy.state, parts.data)
+  if session.start:
+    sampler.update_weights(session.state.params)
+  writer = session.writer
 
   def stop_mid_step(index: int, data_state: dict[str, Any]) -> None:
     """A stop inside a step keeps the state before it with the data where
     the step began: the resumed run redoes the step as it would have run."""
-    checkpointer.save(index, state, data_state)
-    checkpointer.wait()
+    session.save(index, data_state)
+    session.checkpointer.wait()
 
   @functools.cache  # the last step may be an eval_every step too
   def evaluate_now(done: int) -> dict[str, float]:
-    result = evaluate.exact_match(sampler, parts.tokenizer, *heldout,
-                                  config.rl.max_new_tokens,
-                                  config.eval_batch_size)
-    return writer.write(done, {f'eval/{k}': v for k, v in result.items()})
+    return writer.write(done, evaluate_sets(parts, heldout))
 
-  if config.eval_examples and start == 0:
+  if config.eval_examples and session.start == 0:
     evaluate_now(0)
-  with console.Progress(config.steps - start, 'grpo',
+  with console.Progress(config.steps - session.start, 'grpo',
                         enabled=runtime.is_coordinator) as bar:
-    for index in range(start, config.steps):
+    for index in range(session.start, config.steps):
       done = index + 1
-      state, values = step(parts, state, index, preemption, functools.partial(
-          stop_mid_step, index, parts.data.state()))
-      if index == start and runtime.is_coordinator and sampler.last_sync:
+      session.state, values, result = step(
+          parts, session.state, index, preemption,
+          functools.partial(stop_mid_step, index, parts.data.state()))
+      if index == session.start and runtime.is_coordinator:
         print(f'grpo: weight sync by {sampler.last_sync.path}, '
               f'{sampler.last_sync.bytes / 2**20:.1f} MiB in '
               f'{sampler.last_sync.groups} groups', flush=True)
       if done % config.log_every == 0 or done == config.steps:
         writer.write(done, values)
+      if config.sample_every and done % config.sample_every == 0:
+        writer.samples(done, phases.samples(result, parts.tokenizer,
+                                            config.samples_per_log))
       bar.update(loss=values['loss'], reward=values['reward_mean'])
       if config.eval_every and done % config.eval_every == 0:
         evaluate_now(done)
-      loop.end_of_step(done, config.checkpoint.every, save, checkpointer,
-                       preemption)
+      session.end_of_step(done, preemption)
 
-  save(config.steps)
+  session.save(config.steps)
   result = evaluate_now(config.steps) if config.eval_examples else {}
-  checkpointer.close()
-  writer.close()
+  session.close()
   if runtime.is_coordinator and result:
-    print(f'grpo: held-out greedy exact match {result["eval/accuracy"]:.1%} '
-          f'({int(result["eval/correct"])}/{int(result["eval/total"])}, '
-          f'95% CI {result["eval/ci_low"]:.1%}-{result["eval/ci_high"]:.1%})')
-  return state
+    print(evaluate.summary('grpo', result))
+  return session.state
 
 
 SEQUENCES = ('tokens', 'positions', 'segment_ids')

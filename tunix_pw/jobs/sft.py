@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tunix_pw import compile_only, console
+from tunix_pw import compile_only
 from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints
@@ -20,9 +20,8 @@ from tunix_pw.runtime import backend, meshes as meshes_lib, reshard
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.sampling.sampler import make_sampler
-from tunix_pw.train import evaluate, loop, metrics, optim, program, setup
+from tunix_pw.train import evaluate, loop, optim, program, setup
 from tunix_pw.train import step as step_lib
-from tunix_pw.train.checkpoint import Checkpointer
 
 
 def validate(config: Any) -> None:
@@ -109,9 +108,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
         workdir: str, preemption: Preemption) -> None:
   mesh, rules = meshes['actor'], config.sharding
   policy = plan(config, meshes, abstract=False)
-  state, train_step = policy.state, policy.train_step
   tokenizer = setup.tokenizer(config.model)
-
   spec = pipeline.DataSpec.from_block(config.data)
   sources, _ = pipeline.prepare(spec, runtime)
   data = batches(config, sources['train'], tokenizer, runtime, config.seed)
@@ -122,58 +119,45 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
                          runtime=runtime,
                          sync_budget=reshard.Budget.from_block(
                              config.runtime))
-
-  checkpointer = Checkpointer(workdir, config.checkpoint.keep,
-                              config.checkpoint.async_save)
-  state, start = loop.resume(checkpointer, state, data, 'sft',
-                             runtime.is_coordinator)
-  writer = metrics.Writer(workdir, runtime.is_coordinator)
-
-  def save(step: int) -> None:
-    checkpointer.save(step, state, data.state())
+  session = loop.Session('sft', config, runtime, workdir, policy.state, data)
 
   @functools.cache  # the last step may be an eval_every step too
   def evaluate_now(step: int) -> dict[str, float]:
-    sampler.update_weights(state.params)
+    sampler.update_weights(session.state.params)
     result = evaluate.exact_match(
         sampler, tokenizer, eval_prompts, eval_answers,
         config.eval_max_new_tokens, config.eval_batch_size)
-    return writer.write(step, {f'eval/{k}': v for k, v in result.items()})
+    return session.writer.write(step, {f'eval/{k}': v
+                                       for k, v in result.items()})
 
-  def reached(result: dict[str, float]) -> bool:
-    target = config.stop_at_accuracy
-    if target and result['eval/accuracy'] >= target and runtime.is_coordinator:
-      print(f'sft: held-out accuracy {result["eval/accuracy"]:.1%} reached '
-            f'--config.stop_at_accuracy={target:g}: stopping', flush=True)
-    return bool(target) and result['eval/accuracy'] >= target
+  def step(index: int) -> tuple[Any, int]:
+    del index
+    host = next(data)
+    session.state, step_metrics = policy.train_step(
+        session.state, pipeline.place(host, mesh, rules))
+    return step_metrics, int((host['segment_ids'] > 0).sum())
 
-  last = config.steps
-  with console.Progress(config.steps - start, 'sft',
-                        enabled=runtime.is_coordinator) as bar:
-    tracker = loop.Tracker(writer, bar, config.log_every, config.steps,
-                           config.runtime.max_inflight)
-    for step in range(start, config.steps):
-      host = next(data)
-      state, step_metrics = train_step(state, pipeline.place(host, mesh,
-                                                             rules))
-      done = step + 1
-      tracker.add(done, step_metrics, int((host['segment_ids'] > 0).sum()),
-                  shown=('loss', 'accuracy'))
-      if (config.eval_every and done % config.eval_every == 0 and
-          reached(evaluate_now(done))):
-        last = done
-        break
-      loop.end_of_step(done, config.checkpoint.every, save, checkpointer,
-                       preemption)
+  def stop_after(done: int) -> bool:
+    return bool(config.eval_every and done % config.eval_every == 0 and
+                reached(config, evaluate_now(done), runtime))
 
-  tracker.throttler.wait_for_all()
-  save(last)
+  last = loop.run_steps(session, preemption, step, ('loss', 'accuracy'),
+                        stop_after)
+  session.save(last)
   result = evaluate_now(last) if config.eval_examples else {}
-  checkpointer.close()
-  writer.close()
+  session.close()
   if config.export:
-    setup.export(config, policy.model(state.params))
+    setup.export(config, policy.model(session.state.params))
   if runtime.is_coordinator and result:
-    print(f'sft: held-out greedy exact match {result["eval/accuracy"]:.1%} '
-          f'({int(result["eval/correct"])}/{int(result["eval/total"])}, '
-          f'95% CI {result["eval/ci_low"]:.1%}-{result["eval/ci_high"]:.1%})')
+    print(evaluate.summary('sft', result))
+
+
+def reached(config: Any, result: dict[str, float], runtime: Any) -> bool:
+  """Whether an evaluation reached --config.stop_at_accuracy (said once)."""
+  target = config.stop_at_accuracy
+  if not target or result['eval/accuracy'] < target:
+    return False
+  if runtime.is_coordinator:
+    print(f'sft: held-out accuracy {result["eval/accuracy"]:.1%} reached '
+          f'--config.stop_at_accuracy={target:g}: stopping', flush=True)
+  return True

@@ -10,6 +10,7 @@ after the transfer. Prints a summary and writes it to
 
 from __future__ import annotations
 
+from collections.abc import Callable
 import json
 import time
 from typing import Any
@@ -62,28 +63,34 @@ def _bitsum(tree: Any) -> jax.Array:
   return sum(leaves, jnp.uint32(0))
 
 
-def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
-        workdir: str, preemption: Preemption) -> None:
-  actor, rollout = meshes['actor'], meshes['rollout']
+def _problem(config: Any, mesh: Any) -> tuple[dict[str, Any], ...]:
+  """A teacher-student regression on `mesh`: (params, x, y)."""
   d_in, d_hidden = PRESETS[config.model.preset]
   shapes = {'w1': (d_in, d_hidden), 'w2': (d_hidden, d_in)}
-  rules = config.sharding
-
-  def shardings(mesh):
-    return {k: sharding.named(mesh, s, LOGICAL[k], rules)
-            for k, s in shapes.items()}
-
-  actor_sh, rollout_sh = shardings(actor), shardings(rollout)
   rng = np.random.default_rng(config.seed)
   host = {k: (rng.standard_normal(s) / np.sqrt(s[0])).astype(np.float32)
           for k, s in shapes.items()}
   teacher = rng.standard_normal((d_in, d_in)).astype(np.float32) / d_in**0.5
   x_host = rng.standard_normal((config.batch_size, d_in)).astype(np.float32)
-  batch_sh = sharding.batch(actor, x_host.shape, rules)
-  params = {k: _place(v, actor_sh[k]) for k, v in host.items()}
-  x = _place(x_host, batch_sh)
-  y = _place(np.tanh(x_host @ teacher), batch_sh)
+  batch_sh = sharding.batch(mesh, x_host.shape, config.sharding)
+  params = {k: _place(v, _shardings(config, mesh)[k]) for k, v in host.items()}
+  return (params, _place(x_host, batch_sh),
+          _place(np.tanh(x_host @ teacher), batch_sh))
 
+
+def _shardings(config: Any, mesh: Any) -> dict[str, Any]:
+  d_in, d_hidden = PRESETS[config.model.preset]
+  shapes = {'w1': (d_in, d_hidden), 'w2': (d_hidden, d_in)}
+  return {k: sharding.named(mesh, s, LOGICAL[k], config.sharding)
+          for k, s in shapes.items()}
+
+
+def _train(config: Any, runtime: backend.Runtime, actor: Any, workdir: str,
+           preemption: Preemption) -> tuple[Any, list[float], float, int,
+                                            Callable[[], None]]:
+  """SGD steps, at most max_inflight in flight: (params, losses, seconds
+  per step, throttler waits, the checkpoint save)."""
+  params, x, y = _problem(config, actor)
   replicated = NamedSharding(actor, PartitionSpec())
   lr = config.learning_rate
 
@@ -92,7 +99,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
     return jax.tree.map(lambda p, g: p - lr * g, params, grads), loss
 
   train_step = jax.jit(train_step, donate_argnums=0,
-                       out_shardings=(actor_sh, replicated))
+                       out_shardings=(_shardings(config, actor), replicated))
   bitsum = jax.jit(_bitsum, out_shardings=replicated)
   throttler = InflightThrottler(config.runtime.max_inflight)
   losses = []
@@ -117,12 +124,20 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
       bar.update()
       preemption.check(save)
   throttler.wait_for_all()
-  step_seconds = (time.perf_counter() - start) / config.steps
-  losses = [float(v) for v in fetch(losses)]
+  seconds = (time.perf_counter() - start) / config.steps
+  return (params, [float(v) for v in fetch(losses)], seconds,
+          throttler.stats.waits, save)
 
-  source_bits = int(fetch(bitsum(params)))
+
+def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
+        workdir: str, preemption: Preemption) -> None:
+  actor, rollout = meshes['actor'], meshes['rollout']
+  params, losses, step_seconds, waits, save = _train(
+      config, runtime, actor, workdir, preemption)
+  source_bits = int(fetch(jax.jit(
+      _bitsum, out_shardings=NamedSharding(actor, PartitionSpec()))(params)))
   moved, stats = reshard.transfer(
-      params, rollout_sh, runtime,
+      params, _shardings(config, rollout), runtime,
       budget=reshard.Budget.from_block(config.runtime))
   moved_bits = int(fetch(jax.jit(
       _bitsum, out_shardings=NamedSharding(rollout, PartitionSpec()))(moved)))
@@ -138,7 +153,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
       meshes=meshes.describe(),
       losses=losses,
       step_seconds=step_seconds,
-      throttle_waits=throttler.stats.waits,
+      throttle_waits=waits,
       transfer=stats.metrics('transfer'),
       checksum=source_bits,
   )

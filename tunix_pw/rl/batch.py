@@ -29,6 +29,7 @@ class Group:
   truncated: list[bool]
   rewards: np.ndarray  # [G] total
   per_reward: dict[str, np.ndarray]  # name -> [G]
+  dataset: str = ''  # a mixture's dataset name ('' without a mixture)
 
   @property
   def informative(self) -> bool:
@@ -56,10 +57,12 @@ def to_arrays(groups: Sequence[Group], weights: Sequence[float],
 
 
 def rollout(sampler: Any, data: Iterator[list[dict[str, Any]]],
-            tokenizer: Any, rl: Any, weights: Any,
+            tokenizer: Any, rl: Any, weights: dict[str, Any],
             sampling: Callable[[int], Any]
             ) -> tuple[list[Group], list[float], dict[str, int]]:
-  """Groups for one step: generate, score, and with dynamic sampling drop
+  """Groups for one step: generate, score (with the reward weights of each
+  prompt's dataset: `weights[prompt.get('dataset', '')]`), and with
+  dynamic sampling drop
   groups of equal rewards and refill from new prompts, up to
   `refill_rounds`; short of groups at the cap, the last group repeats with
   weight 0. `sampling(round)` gives each round's settings. Returns
@@ -84,11 +87,12 @@ def rollout(sampler: Any, data: Iterator[list[dict[str, Any]]],
               [t for t in c if t not in tokenizer.stop_ids]),
           answer=prompt['answer'], length=len(c), budget=rl.max_new_tokens,
           truncated=t) for c, t in zip(completions, truncated)]
-      total, per_fn, errors = rewards_lib.score(samples, weights,
+      dataset = prompt.get('dataset', '')
+      total, per_fn, errors = rewards_lib.score(samples, weights[dataset],
                                                 rl.strict_rewards)
       counts['reward_errors'] += errors
       group = Group(prompt['prompt'], prompt['answer'], completions,
-                              truncated, total, per_fn)
+                    truncated, total, per_fn, dataset)
       if rl.dynamic_sampling and not group.informative:
         counts['dropped'] += 1
         continue

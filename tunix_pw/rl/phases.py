@@ -117,16 +117,45 @@ def update(state: Any, train_step: Callable, batch: dict[str, Any],
   return state, fetch(step_metrics)
 
 
+def samples(result: Rollout, tokenizer: Any,
+            count: int) -> list[dict[str, Any]]:
+  """The first `count` prompts of a step with their completions and
+  rewards, as text (for samples.jsonl and TensorBoard)."""
+  return [dict(prompt=tokenizer.decode(g.prompt), answer=g.answer,
+               dataset=g.dataset,
+               completions=[tokenizer.decode(c) for c in g.completions],
+               rewards=[float(r) for r in g.rewards])
+          for g in result.real[:count]]
+
+
+def _mean(groups: list[batch_lib.Group], name: str) -> float:
+  """The mean of reward `name` over the groups scored by it."""
+  values = [g.per_reward[name] for g in groups if name in g.per_reward]
+  return float(np.concatenate(values).mean()) if values else 0.0
+
+
+def dataset_metrics(real: list[batch_lib.Group],
+                    reward_weights: dict[str, Any]) -> dict[str, float]:
+  """A mixture's reward mean and accuracy per dataset."""
+  values = {}
+  for name, weights in reward_weights.items():
+    groups = [g for g in real if g.dataset == name]
+    if groups:
+      values[f'reward_mean/{name}'] = float(np.concatenate(
+          [g.rewards for g in groups]).mean())
+      if 'exact_answer' in dict(weights):
+        values[f'accuracy/{name}'] = _mean(groups, 'exact_answer')
+  return values
+
+
 def step_metrics(result: Rollout, update_metrics: dict[str, float],
                  timer: Timer, sync: reshard.Stats | None,
-                 reward_weights: Any) -> dict[str, float]:
-  """One step's scalars: the update's, timings, rollout counts, rewards."""
+                 reward_weights: dict[str, Any]) -> dict[str, float]:
+  """One step's scalars: the update's, timings, rollout counts, rewards
+  (per dataset too, for a mixture)."""
   real, counts = result.real, result.counts
   rewards = np.concatenate([g.rewards for g in real]) if real else np.zeros(1)
-  names = dict(reward_weights)
-
-  def mean_of(name):
-    return float(np.concatenate([g.per_reward[name] for g in real]).mean())
+  names = {n: w for weights in reward_weights.values() for n, w in weights}
 
   values = dict(update_metrics, **{f'time/{k}': v for k, v in timer.items()},
                 **counts)
@@ -138,7 +167,9 @@ def step_metrics(result: Rollout, update_metrics: dict[str, float],
       rollout_tokens_per_s=counts['generated'] / timer['rollout'],
       sync_bytes=sync.bytes if sync else 0,
       compilations=metrics.compilations(),
-      **{f'reward/{name}': mean_of(name) if real else 0.0 for name in names})
+      **{f'reward/{name}': _mean(real, name) for name in names})
   if real and 'exact_answer' in names:
-    values['accuracy'] = mean_of('exact_answer')
+    values['accuracy'] = _mean(real, 'exact_answer')
+  if len(reward_weights) > 1:
+    values.update(dataset_metrics(real, reward_weights))
   return values

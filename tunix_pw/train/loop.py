@@ -1,6 +1,7 @@
 """The bookkeeping every training loop repeats, as functions it calls:
-resuming, logging at a cadence without a device sync per step, and the
-end-of-step duties (checkpoint cadence, preemption)."""
+resuming, logging at a cadence without a device sync per step, the
+end-of-step duties (checkpoint cadence, preemption), and `Session` /
+`run_steps`, the skeleton a trainer's loop is built on."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.throttle import InflightThrottler
 from tunix_pw.train import metrics
 from tunix_pw.train.checkpoint import Checkpointer
+
 
 def resume(checkpointer: Checkpointer, state: Any, data: Any, name: str,
            announce: bool) -> tuple[Any, int]:
@@ -68,3 +70,59 @@ def end_of_step(done: int, every: int, save: Callable[[int], None],
     checkpointer.wait()
 
   preemption.check(save_and_wait)
+
+
+class Session:
+  """What every training loop keeps around its steps: the checkpointer (the
+  state resumed from it at `start`), the metrics writer, saves with the
+  data position, and the close. The loop updates `state` after each step."""
+
+  def __init__(self, name: str, config: Any, runtime: Any, workdir: str,
+               state: Any, data: Any):
+    self.name, self.config, self.runtime, self.data = (name, config, runtime,
+                                                       data)
+    self.checkpointer = Checkpointer(workdir, config.checkpoint.keep,
+                                     config.checkpoint.async_save)
+    self.state, self.start = resume(self.checkpointer, state, data, name,
+                                    runtime.is_coordinator)
+    self.writer = metrics.Writer(workdir, runtime.is_coordinator)
+
+  def save(self, step: int, data_state: Any = None) -> None:
+    """A checkpoint of `state` at `step`, with the data position now (or
+    `data_state`, where a step began)."""
+    self.checkpointer.save(step, self.state, self.data.state()
+                           if data_state is None else data_state)
+
+  def end_of_step(self, done: int, preemption: Preemption) -> None:
+    end_of_step(done, self.config.checkpoint.every, self.save,
+                self.checkpointer, preemption)
+
+  def close(self) -> None:
+    self.checkpointer.close()
+    self.writer.close()
+
+
+def run_steps(session: Session, preemption: Preemption,
+              step_fn: Callable[[int], tuple[Any, int]],
+              shown: tuple[str, ...],
+              stop_after: Callable[[int], bool] = lambda done: False) -> int:
+  """Steps from `session.start` to the config's `steps`, with a progress
+  bar, metrics at the log cadence and the end-of-step duties.
+  `step_fn(index)` runs one step (updating `session.state`) and returns
+  (its metrics on device, its tokens); `stop_after(done)` True ends the
+  run there. Returns the last step done."""
+  config = session.config
+  with console.Progress(config.steps - session.start, session.name,
+                        enabled=session.runtime.is_coordinator) as bar:
+    tracker = Tracker(session.writer, bar, config.log_every, config.steps,
+                      config.runtime.max_inflight)
+    for index in range(session.start, config.steps):
+      step_metrics, tokens = step_fn(index)
+      done = index + 1
+      tracker.add(done, step_metrics, tokens, shown=shown)
+      if stop_after(done):
+        tracker.throttler.wait_for_all()
+        return done
+      session.end_of_step(done, preemption)
+  tracker.throttler.wait_for_all()
+  return config.steps

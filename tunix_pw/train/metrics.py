@@ -33,7 +33,7 @@ class Writer:
   coordinator writes)."""
 
   def __init__(self, workdir: str, enabled: bool = True):
-    self.enabled = enabled
+    self.enabled, self.workdir = enabled, workdir
     self.path = workdir_lib.path(workdir, workdir_lib.METRICS)
     self._tb = None
     if enabled:
@@ -50,6 +50,21 @@ class Writer:
         self._tb.add_scalar(k, v, step)
       self._tb.flush()
     return values
+
+  def samples(self, step: int, records: list[dict[str, Any]]) -> None:
+    """Sample records to <workdir>/samples.jsonl (one line each, with the
+    step) and as TensorBoard text."""
+    if not self.enabled:
+      return
+    with open(workdir_lib.path(self.workdir, workdir_lib.SAMPLES), 'a') as f:
+      for record in records:
+        f.write(json.dumps(dict(step=step, **record)) + '\n')
+    self._tb.add_text('samples', '\n\n'.join(
+        f'**{r["prompt"]!r}** -> ' + ', '.join(
+            f'{c!r} ({reward:g})' for c, reward in zip(r['completions'],
+                                                      r['rewards']))
+        for r in records), step)
+    self._tb.flush()
 
   def close(self) -> None:
     if self._tb is not None:
