@@ -14,6 +14,9 @@ import contextlib
 import contextvars
 import dataclasses
 from collections.abc import Iterator
+from typing import Any
+
+from tunix_pw.errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,3 +39,13 @@ def limited(**fields: bool) -> Iterator[None]:
     yield
   finally:
     _scope.reset(token)
+
+
+def at_least_one(block: Any, prefix: str, *fields: str) -> None:
+  """Each named integer field of `block` is at least 1 (sizes, counts and
+  cadences that the jobs divide by)."""
+  for field in fields:
+    value = block[field]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise UsageError(f'{prefix}.{field}={value!r} must be an integer of at '
+                       'least 1.')

@@ -32,6 +32,7 @@ from tunix_pw import workdir as workdir_lib
 from tunix_pw.errors import UsageError
 from tunix_pw.runtime import backend, meshes
 from tunix_pw.runtime.preemption import EXIT_PREEMPTED, Preempted, Preemption
+from tunix_pw.runtime.preemption import watch_sigterm
 
 CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file and optional arg: path.py[:arg].',
@@ -52,6 +53,9 @@ _COMPILE_TOPOLOGY = flags.DEFINE_string(
     'when the job does not fit. Needs libtpu, not a TPU.')
 _COMPILE_NUM_SLICES = flags.DEFINE_integer(
     'compile_num_slices', 1, 'Slices of --compile_topology.')
+_CHECK_ONLY = flags.DEFINE_bool(
+    'check_only', False, 'Run both validation phases (the config, then the '
+    'devices) and exit 0 or 2; nothing is written, no job runs.')
 
 EXIT_USAGE = 2
 
@@ -178,13 +182,15 @@ def static_checks(config: ml_collections.ConfigDict):
   job = jobs.get(config.job)
   meshes.check(config.meshes)  # the job's (a pipeline's stages have theirs)
   job.validate(config)
-  if not WORKDIR.value and not _COMPILE_TOPOLOGY.value:
+  if not WORKDIR.value and not _COMPILE_TOPOLOGY.value and not (
+      _CHECK_ONLY.value):
     raise UsageError('--workdir is required (checkpoints, metrics and the '
                      'config snapshot go there).')
   return job
 
 
 def main(argv: Sequence[str]) -> None:
+  watch_sigterm()  # until the job's first check: SIGTERM exits 42 at once
   if len(argv) > 1:
     _fail(f'unexpected arguments {" ".join(argv[1:])!r}; flags take the form '
           '--name=value.')
@@ -200,9 +206,10 @@ def main(argv: Sequence[str]) -> None:
                            _COMPILE_NUM_SLICES.value, WORKDIR.value)
       return
     job = static_checks(config)
-    workdir = epath.Path(WORKDIR.value)
-    check_resume(config, workdir)
-    if config.runtime.compilation_cache_dir:
+    workdir = epath.Path(WORKDIR.value or '.')
+    if WORKDIR.value:
+      check_resume(config, workdir)
+    if config.runtime.compilation_cache_dir and not _CHECK_ONLY.value:
       jax.config.update('jax_compilation_cache_dir',
                         config.runtime.compilation_cache_dir)
     detection = backend.detect(os.environ, _COORDINATOR.value,
@@ -213,8 +220,15 @@ def main(argv: Sequence[str]) -> None:
     if runtime.is_coordinator:
       print(f'{runtime.describe()}; meshes: {role_meshes.describe()}',
             flush=True)
+    if _CHECK_ONLY.value:
+      if runtime.is_coordinator:
+        print(f'check_only: the {config.job} config is valid on these '
+              'devices.', flush=True)
+      return
+    if runtime.is_coordinator:
       workdir.mkdir(parents=True, exist_ok=True)
-      (workdir / workdir_lib.CONFIG).write_text(config.to_json_best_effort(indent=2))
+      (workdir / workdir_lib.CONFIG).write_text(
+          config.to_json_best_effort(indent=2))
     job.run(config, runtime, role_meshes, str(workdir), preemption)
   except UsageError as e:
     _fail(str(e))

@@ -89,3 +89,42 @@ def test_sharded_index_checkpoint_loads_like_one_file(tmp_path):
   positions = np.broadcast_to(np.arange(12), (2, 12))
   np.testing.assert_array_equal(one(tokens, positions, np.ones_like(tokens))[0],
                                 many(tokens, positions, np.ones_like(tokens))[0])
+
+
+def test_an_index_naming_a_file_outside_the_checkpoint_is_refused(good,
+                                                                  tmp_path):
+  """A shard name like '../other/model.safetensors' would load another
+  checkpoint (it did, before the check)."""
+  other, mine = tmp_path / 'other', tmp_path / 'mine'
+  shutil.copytree(good, other)
+  shutil.copytree(good, mine)
+  os.remove(mine / FILE)
+  names = safetensors_io.SafetensorsDir(str(other)).names()
+  (mine / safetensors_io.INDEX).write_text(json.dumps(
+      {'weight_map': {n: '../other/model.safetensors' for n in names}}))
+  with pytest.raises(UsageError, match="names the shard "
+                     "'../other/model.safetensors', which is not a file name "
+                     'inside'):
+    checkpoints.load(str(mine))
+
+
+@pytest.mark.parametrize('index', [
+    '{not json', '{"metadata": {}}', '{"weight_map": ["a"]}',
+    '{"weight_map": {"a": 3}}',
+])
+def test_a_malformed_index_is_named(good, tmp_path, index):
+  shutil.copytree(good, tmp_path, dirs_exist_ok=True)
+  (tmp_path / safetensors_io.INDEX).write_text(index)
+  with pytest.raises(UsageError, match='index'):
+    checkpoints.load(str(tmp_path))
+
+
+@pytest.mark.parametrize('header', [
+    b'[1, 2]', b'{"w": 3}', b'{"w": {"dtype": "F32", "shape": [2]}}',
+    b'{"w": {"dtype": "F32", "shape": [2], "data_offsets": [0]}}',
+])
+def test_a_malformed_header_is_named(good, tmp_path, header):
+  shutil.copytree(good, tmp_path, dirs_exist_ok=True)
+  (tmp_path / FILE).write_bytes(len(header).to_bytes(8, 'little') + header)
+  with pytest.raises(UsageError, match='not a readable safetensors file'):
+    checkpoints.load(str(tmp_path))

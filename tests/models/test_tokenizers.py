@@ -125,3 +125,13 @@ def test_bad_tokenizer_directories(tmp_path):
   (tmp_path / 'tokenizer.model').write_bytes(b'not a model')
   with pytest.raises(UsageError, match='not a readable SentencePiece'):
     ours.load(str(tmp_path))
+
+
+@pytest.mark.parametrize('text', ['{not json', '[1, 2]'])
+def test_a_malformed_tokenizer_config_is_named(tokenizer_json_dir, tmp_path,
+                                               text):
+  import shutil  # pylint: disable=g-import-not-at-top
+  shutil.copytree(tokenizer_json_dir, tmp_path, dirs_exist_ok=True)
+  (tmp_path / 'tokenizer_config.json').write_text(text)
+  with pytest.raises(UsageError, match='tokenizer_config.json'):
+    ours.load(str(tmp_path))

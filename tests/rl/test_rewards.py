@@ -38,17 +38,23 @@ def test_format_digits_and_overlong():
 def flaky(s):
   if s.completion == 'boom':
     raise ValueError('no parse')
-  return float('nan') if s.completion == 'nan' else 1.0
+  if s.completion in ('nan', 'inf', '-inf'):
+    return float(s.completion)
+  return 1.0
 
 
 def test_failing_rewards_are_reported_and_score_zero(caplog):
   weights = rewards.parse_weights('test_flaky:2,exact_answer:1')
-  samples = [sample('42'), sample('boom'), sample('nan')]
+  samples = [sample('42'), sample('boom'), sample('nan'), sample('inf'),
+             sample('-inf')]
   with caplog.at_level(logging.WARNING):
     total, per_fn, errors = rewards.score(samples, weights, strict=False)
-  assert total.tolist() == [3.0, 0.0, 0.0] and errors == 2
-  assert per_fn['test_flaky'].tolist() == [1.0, 0.0, 0.0]
-  assert "completion='boom'" in caplog.text and 'returned NaN' in caplog.text
+  # +-inf would make the group's advantages NaN: scored like NaN.
+  assert total.tolist() == [3.0, 0.0, 0.0, 0.0, 0.0] and errors == 4
+  assert per_fn['test_flaky'].tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+  assert "completion='boom'" in caplog.text
+  for value in ('nan', 'inf', '-inf'):
+    assert f'returned {value}' in caplog.text
   with pytest.raises(RuntimeError, match="reward 'test_flaky' failed"):
     rewards.score(samples, weights, strict=True)
 

@@ -129,6 +129,12 @@ def fit(tokens: list[int], loss_mask: list[int], max_length: int,
               loss_mask=np.asarray(loss_mask, np.int32))
 
 
+def overlong_filter(block: Any, prefix: str = '--config.data') -> str:
+  """The filter a data block's `overlong='drop'` applies, in words."""
+  return (f'examples longer than {prefix}.max_length={block.max_length} '
+          f'tokens are dropped ({prefix}.overlong={block.overlong!r})')
+
+
 def pad_batch(examples: Sequence[dict[str, np.ndarray]], length: int,
               pad_id: int) -> dict[str, np.ndarray]:
   """[B, length] tokens, loss_mask, segment_ids (0 = padding), positions."""
@@ -151,25 +157,45 @@ class Pipeline:
 
   transform(example, counters) -> model input (or None to drop it);
   batch_fn(list) -> batch. Examples are transformed in this thread, as they
-  are consumed, so the counters and the resumable state agree exactly. `pack_length` > 0 packs token examples into rows of that length
-  (grain's first-fit packing: segment ids and positions per row)."""
+  are consumed, so the counters and the resumable state agree exactly.
+  `pack_length` > 0 packs token examples into rows of that length (grain's
+  first-fit packing: segment ids and positions per row). An empty share of
+  the split, or (endless streams) a whole pass over it with every example
+  dropped, is a UsageError naming `what` (the split) and `dropping` (the
+  filter): the stream would otherwise spin forever."""
 
   def __init__(self, source: Any,
                transform: Callable[[dict, Counters], Any], *,
                batch_size: int, seed: int, num_epochs: int | None,
                process_index: int = 0, process_count: int = 1,
                batch_fn: Callable[[list], Any] | None = None,
-               pack_length: int = 0):
+               pack_length: int = 0, what: str = 'the split',
+               dropping: str = 'the filter'):
     if batch_size % process_count:
       raise UsageError(f'batch size {batch_size} does not divide over '
                        f'{process_count} processes.')
     self.counters = Counters()
     self.local_batch = batch_size // process_count
     ds = grain.MapDataset.range(len(source))[process_index::process_count]
+    if not len(ds):
+      raise UsageError(f'{what} has no examples for process '
+                       f'{process_index} of {process_count} ({len(source)} '
+                       'in all).')
+    share, passed = len(ds), [0, 0]  # examples seen, kept in this run
+
+    def checked(i):
+      # Each example carries its index in the split ('index').
+      out = transform(dict(builders.decode(source[i]), index=i),
+                      self.counters)
+      passed[0] += 1
+      passed[1] += out is not None
+      if passed[0] >= share and not passed[1] and num_epochs is None:
+        raise UsageError(f'all {share} examples of {what} were dropped: '
+                         f'{dropping}.')
+      return out
+
     ds = ds.shuffle(seed=seed).repeat(num_epochs, reseed_each_epoch=True)
-    # Each example carries its index in the split ('index').
-    ds = ds.map(lambda i: transform(
-        dict(builders.decode(source[i]), index=i), self.counters))
+    ds = ds.map(checked)
     iter_ds = ds.to_iter_dataset(grain.ReadOptions(
         num_threads=0, prefetch_buffer_size=0)).filter(
             lambda x: x is not None)

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tunix_pw import compile_only
+from tunix_pw import checks, compile_only
 from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints
@@ -32,6 +32,8 @@ SIDES = ('chosen', 'rejected')
 
 
 def validate(config: Any) -> None:
+  checks.at_least_one(config, '--config', 'steps', 'batch_size',
+                      'micro_batches', 'log_every')
   checkpoints.check_model_block(config.model)
   pipeline.check_data_block(config.data)
   optim.check(config.optimizer)
@@ -147,7 +149,9 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
       batch_size=config.batch_size, seed=config.seed, num_epochs=None,
       process_index=runtime.process_index,
       process_count=runtime.process_count,
-      batch_fn=lambda rows: formats.pad_pairs(rows, length, tokenizer.pad_id))
+      batch_fn=lambda rows: formats.pad_pairs(rows, length, tokenizer.pad_id),
+      what=f'the train split of {spec.name}',
+      dropping=pipeline.overlong_filter(config.data))
 
   session = loop.Session(algorithm, config, runtime, workdir, policy.state,
                          data)

@@ -21,7 +21,7 @@ from flax import nnx
 import jax
 import numpy as np
 
-from tunix_pw import compile_only, console
+from tunix_pw import checks, compile_only, console
 from tunix_pw.data import formats, mixture, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints
@@ -57,6 +57,12 @@ def check_datasets(config: Any) -> None:
 
 
 def validate(config: Any) -> None:
+  checks.at_least_one(config, '--config', 'steps', 'log_every',
+                      'eval_batch_size', 'samples_per_log')
+  checks.at_least_one(config.rl, '--config.rl', 'num_generations',
+                      'prompts_per_step', 'mini_batch_size',
+                      'micro_batch_size', 'logps_micro_batch_size',
+                      'num_iterations', 'max_prompt_length', 'max_new_tokens')
   checkpoints.check_model_block(config.model)
   check_datasets(config)
   optim.check(config.optimizer)
@@ -246,7 +252,10 @@ def prompts(config: Any, runtime: backend.Runtime, tokenizer: Any):
         sources['train'], formats.prompt_transform(
             spec.name, tokenizer, rl.max_prompt_length, block.chat),
         batch_size=rl.prompts_per_step if len(entries) == 1 else 1,
-        seed=config.seed, num_epochs=None)
+        seed=config.seed, num_epochs=None,
+        what=f'the train split of {spec.name}',
+        dropping=f'prompts longer than --config.rl.max_prompt_length='
+        f'{rl.max_prompt_length} tokens are dropped')
     heldout[name] = setup.heldout(spec.name, sources['test'], tokenizer,
                                   config.eval_examples, block.chat)
     reward_weights[name] = rewards_lib.parse_weights(rewards)

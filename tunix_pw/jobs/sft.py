@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tunix_pw import compile_only
+from tunix_pw import checks, compile_only
 from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints
@@ -25,6 +25,9 @@ from tunix_pw.train import step as step_lib
 
 
 def validate(config: Any) -> None:
+  checks.at_least_one(config, '--config', 'steps', 'batch_size',
+                      'micro_batches', 'log_every', 'eval_batch_size',
+                      'eval_max_new_tokens')
   checkpoints.check_model_block(config.model)
   pipeline.check_data_block(config.data)
   optim.check(config.optimizer)
@@ -101,7 +104,9 @@ def batches(config: Any, source: Any, tokenizer: Any, runtime: Any,
       batch_size=config.batch_size, seed=seed, num_epochs=None,
       process_index=runtime.process_index,
       process_count=runtime.process_count, batch_fn=pad,
-      pack_length=length if config.data.packing else 0)
+      pack_length=length if config.data.packing else 0,
+      what=f'the train split of {config.data.name}',
+      dropping=pipeline.overlong_filter(config.data))
 
 
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,

@@ -35,11 +35,44 @@ def _header(path: str) -> tuple[dict, int]:
       if size > os.path.getsize(path) - 8:
         raise ValueError(f'header of {size} bytes exceeds the file')
       header = json.loads(f.read(size))
+    if not isinstance(header, dict):
+      raise ValueError('the header is not a JSON object')
+    header.pop('__metadata__', None)
+    for name, info in header.items():
+      if not (isinstance(info, dict) and isinstance(info.get('dtype'), str)
+              and _ints(info.get('shape')) and
+              _ints(info.get('data_offsets'), 2)):
+        raise ValueError(f'tensor {name!r} has no dtype, shape and '
+                         'data_offsets')
   except (OSError, ValueError, struct.error) as e:
     raise UsageError(f'{path} is not a readable safetensors file '
                      f'({type(e).__name__}: {e}).') from None
-  header.pop('__metadata__', None)
   return header, 8 + size
+
+
+def _ints(value, length: int | None = None) -> bool:
+  return (isinstance(value, list) and (length is None or len(value) == length)
+          and all(isinstance(v, int) and v >= 0 for v in value))
+
+
+def _shards(directory: str) -> list[str]:
+  """The shard files an index lists: plain file names in `directory`
+  (a name such as '../other/model.safetensors' would read another
+  checkpoint)."""
+  index = os.path.join(directory, INDEX)
+  try:
+    with open(index) as f:
+      weight_map = json.load(f)['weight_map']
+    files = sorted(set(weight_map.values()))
+  except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    raise UsageError(f'{index} is not a readable safetensors index '
+                     f'({type(e).__name__}: {e}).') from None
+  for name in files:
+    if not isinstance(name, str) or os.path.basename(name) != name or (
+        name in ('', '.', '..')):
+      raise UsageError(f'{index} names the shard {name!r}, which is not a '
+                       f'file name inside {directory}.')
+  return files
 
 
 class SafetensorsDir:
@@ -48,10 +81,8 @@ class SafetensorsDir:
 
   def __init__(self, directory: str):
     self.directory = directory
-    index = os.path.join(directory, INDEX)
-    if os.path.exists(index):
-      with open(index) as f:
-        files = sorted(set(json.load(f)['weight_map'].values()))
+    if os.path.exists(os.path.join(directory, INDEX)):
+      files = _shards(directory)
     else:
       files = sorted(f for f in os.listdir(directory)
                      if f.endswith('.safetensors'))

@@ -103,8 +103,9 @@ def parse_weights(spec: str, field: str = '--config.rl.rewards'
 
 def score(samples: Sequence[Sample], weights: list[tuple[str, float]],
           strict: bool) -> tuple[np.ndarray, dict[str, np.ndarray], int]:
-  """(total reward [N], per-function rewards, errors). A raising or NaN
-  reward is logged with its sample and scores 0, or raises when strict."""
+  """(total reward [N], per-function rewards, errors). A raising or
+  non-finite (NaN, +-inf) reward is logged with its sample and scores 0, or
+  raises when strict."""
   per_fn, errors = {}, 0
   for name, _ in weights:
     fn = registry.get('reward', name)
@@ -112,8 +113,8 @@ def score(samples: Sequence[Sample], weights: list[tuple[str, float]],
     for i, sample in enumerate(samples):
       try:
         value = float(fn(sample))
-        if math.isnan(value):
-          raise ValueError('returned NaN')
+        if not math.isfinite(value):
+          raise ValueError(f'returned {value}')
       except Exception as e:  # pylint: disable=broad-exception-caught
         if strict:
           raise RuntimeError(f'reward {name!r} failed on sample {sample}: '

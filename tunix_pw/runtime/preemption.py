@@ -12,13 +12,23 @@ check and none steps on alone.
   for step in ...:
     ... one phase ...
     preemption.check(save=lambda: checkpoint(step))   # raises Preempted
+
+Before a job's first check (config checks, runtime start, model loading,
+data preparation, the first step's compilation) there is nothing to
+checkpoint: SIGTERM then ends the process at once with one line and exit
+42. A thread sees the signal through the signal module's wakeup fd, so this
+holds while the main thread is inside a long C call (an XLA compile), where
+a Python signal handler would wait.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 import logging
+import os
 import signal
+import socket
+import sys
 import threading
 
 from jax.experimental import multihost_utils
@@ -27,6 +37,53 @@ import numpy as np
 from tunix_pw.runtime import backend
 
 EXIT_PREEMPTED = 42
+
+
+class _Watcher:
+  """SIGTERM, as soon as it arrives: before the first check, the exit;
+  after it, the flag the checks read."""
+
+  def __init__(self):
+    self.event = threading.Event()
+    self.armed = False
+    self._installed = False
+
+  def install(self) -> None:
+    if self._installed or threading.current_thread() is not (
+        threading.main_thread()):
+      return
+    self._installed = True
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    # The C handler (which writes the wakeup byte) needs a Python one.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    threading.Thread(target=self._watch, args=(reader, writer), daemon=True,
+                     name='sigterm').start()
+
+  def _watch(self, reader: socket.socket, writer: socket.socket) -> None:
+    del writer  # kept alive with this thread
+    while data := reader.recv(64):
+      if signal.SIGTERM in data:
+        self._on_sigterm()
+
+  def _on_sigterm(self) -> None:
+    if not self.armed:
+      print('SIGTERM before the first step: nothing to checkpoint yet; '
+            f'exiting with {EXIT_PREEMPTED} so that the job is restarted',
+            file=sys.stderr, flush=True)
+      os._exit(EXIT_PREEMPTED)  # pylint: disable=protected-access
+    logging.warning('SIGTERM: stopping at the next phase boundary')
+    self.event.set()
+
+
+_WATCHER = _Watcher()
+
+
+def watch_sigterm() -> None:
+  """From now on SIGTERM exits with 42 at once, until a job's first
+  preemption check (call it first thing, from the main thread)."""
+  _WATCHER.install()
 
 
 class Preempted(Exception):
@@ -38,15 +95,9 @@ class Preemption:
 
   def __init__(self, runtime: backend.Runtime):
     self._agree = runtime.backend == backend.MULTI_CONTROLLER
-    self._event = threading.Event()
+    self._event = _WATCHER.event
     self.checks = 0
-    if threading.current_thread() is threading.main_thread():
-      signal.signal(signal.SIGTERM, self._on_sigterm)
-
-  def _on_sigterm(self, signum, frame) -> None:
-    del signum, frame
-    logging.warning('SIGTERM: stopping at the next phase boundary')
-    self._event.set()
+    watch_sigterm()
 
   def request(self) -> None:
     """Asks for a stop as SIGTERM would (tests, and the job's own reasons)."""
@@ -56,6 +107,7 @@ class Preemption:
     """Whether any process was asked to stop. Every process must call this at
     the same points, since it is a collective in multi-controller runs."""
     self.checks += 1
+    _WATCHER.armed = True  # from here on a stop can checkpoint
     local = self._event.is_set()
     if not self._agree:
       return local

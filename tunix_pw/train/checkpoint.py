@@ -76,19 +76,27 @@ class Checkpointer:
 def latest_params(workdir: str, like: Any) -> Any:
   """Just the trainable parameters of a workdir's latest checkpoint (for
   inference), into the shardings of `like`."""
-  manager = ocp.CheckpointManager(workdir_lib.path(workdir,
-                                                   workdir_lib.CHECKPOINTS),
-                                  item_names=('state', 'data'))
-  step = manager.latest_step()
-  if step is None:
-    raise FileNotFoundError(
-        f'no checkpoint in {workdir}/{workdir_lib.CHECKPOINTS}')
+  directory = workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)
+  manager = ocp.CheckpointManager(directory, item_names=('state', 'data'))
   target = {'params': _abstract(like)}
-  restored = manager.restore(step, args=ocp.args.Composite(
-      state=ocp.args.PyTreeRestore(
-          item=target, partial_restore=True,
-          restore_args=ocp.checkpoint_utils.construct_restore_args(target))))
-  return restored.state['params']
+  problems = []
+  for step in sorted(manager.all_steps(), reverse=True):
+    try:
+      restored = manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.PyTreeRestore(
+              item=target, partial_restore=True,
+              restore_args=ocp.checkpoint_utils.construct_restore_args(
+                  target))))
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      problems.append(f'step {step}: {type(e).__name__}: {str(e)[:120]}')
+      continue
+    if problems:
+      logging.warning('%s: using step %d; newer ones are unreadable (%s)',
+                      directory, step, '; '.join(problems))
+    return restored.state['params']
+  raise UsageError(
+      f'{workdir} is a tunix_pw workdir but {directory} holds no readable '
+      'checkpoint' + (f' ({"; ".join(problems)})' if problems else '') + '.')
 
 
 def _check_every_process_holds(state: Any) -> None:

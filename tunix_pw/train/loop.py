@@ -86,6 +86,7 @@ class Session:
     self.state, self.start = resume(self.checkpointer, state, data, name,
                                     runtime.is_coordinator)
     self.writer = metrics.Writer(workdir, runtime.is_coordinator)
+    self.writer.resume(self.start)
 
   def save(self, step: int, data_state: Any = None) -> None:
     """A checkpoint of `state` at `step`, with the data position now (or

@@ -4,6 +4,7 @@ count of XLA compilations (a recompiling step is a bug worth seeing)."""
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import jax
@@ -51,6 +52,18 @@ class Writer:
       self._tb.flush()
     return values
 
+  def resume(self, step: int) -> None:
+    """Keeps the records up to `step`, the checkpoint a run resumes from
+    (none when it starts from scratch): the steps after it are redone. A
+    torn last line goes too; the file is replaced whole."""
+    if not self.enabled or not os.path.exists(self.path):
+      return
+    kept = [json.dumps(r) + '\n' for r in read_file(self.path)
+            if step and r.get('step', 0) <= step]
+    with open(self.path + '.tmp', 'w') as f:
+      f.writelines(kept)
+    os.replace(self.path + '.tmp', self.path)
+
   def samples(self, step: int, records: list[dict[str, Any]]) -> None:
     """Sample records to <workdir>/samples.jsonl (one line each, with the
     step) and as TensorBoard text."""
@@ -72,6 +85,19 @@ class Writer:
 
 
 def read(workdir: str) -> list[dict[str, float]]:
-  path = workdir_lib.path(workdir, workdir_lib.METRICS)
+  return read_file(workdir_lib.path(workdir, workdir_lib.METRICS))
+
+
+def read_file(path: str) -> list[dict[str, float]]:
+  """The records of a metrics.jsonl; a torn last line (a write cut short)
+  is left out."""
   with open(path) as f:
-    return [json.loads(line) for line in f]
+    lines = f.read().splitlines()
+  records = []
+  for i, line in enumerate(lines):
+    try:
+      records.append(json.loads(line))
+    except ValueError:
+      if i < len(lines) - 1:
+        raise
+  return records
