@@ -131,3 +131,37 @@ def test_metrics_are_not_repeated_after_a_resume(tmp_path):
   steps = [json.loads(line)['step'] for line in
            (tmp_path / 'metrics.jsonl').read_text().splitlines()]
   assert steps == list(range(2, 21, 2))
+
+
+RESUME = [SFT, '--config.runtime.host_device_count=1',
+          '--config.meshes.actor.axes=fsdp=1', '--config.steps=4',
+          '--config.checkpoint.every=2', '--config.eval_examples=0']
+
+
+@pytest.mark.parametrize('change, field', [
+    ('--config.lora.rank=4', 'lora.rank'),
+    ('--config.optimizer.name=sgd', 'optimizer.name'),
+    ('--config.model.param_dtype=bfloat16', 'model.param_dtype'),
+])
+def test_a_resume_with_another_state_structure_is_refused(tmp_path, change,
+                                                          field):
+  first = helpers.run_main(*RESUME, f'--workdir={tmp_path}')
+  assert first.returncode == 0, first.stderr[-3000:]
+  again = helpers.run_main(*RESUME, change, '--config.steps=6',
+                           f'--workdir={tmp_path}')
+  assert f'--config.{field}=' in one_error(again)
+  assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['2', '4']
+
+
+def test_checkpoints_that_do_not_restore_are_kept_not_restarted(tmp_path):
+  """Without the snapshot to compare, the restore itself fails: the run
+  stops with exit 2 and the checkpoints stay (it used to start over from
+  step 0, its saves never replacing the old ones)."""
+  first = helpers.run_main(*RESUME, f'--workdir={tmp_path}')
+  assert first.returncode == 0, first.stderr[-3000:]
+  os.remove(tmp_path / 'config.json')
+  again = helpers.run_main(*RESUME, '--config.lora.rank=4', '--config.steps=6',
+                           f'--workdir={tmp_path}')
+  assert 'holds checkpoints, but none restores into this job' in one_error(
+      again)
+  assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['2', '4']

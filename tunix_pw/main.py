@@ -152,11 +152,18 @@ def _flat(tree: Any, prefix: str = '') -> dict[str, Any]:
 
 
 def _shape_defining(config: dict[str, Any]) -> dict[str, Any]:
-  """The fields a checkpoint depends on: the model and the mesh shapes."""
-  flat = _flat(config)
-  return {k: v for k, v in flat.items()
-          if k.startswith('model.') or
-          (k.startswith('meshes.') and k.endswith('.axes'))}
+  """The fields a checkpoint depends on, in a job or a pipeline's stages:
+  the job and stages, the model, LoRA, the optimizer's kind (its state's
+  structure) and the mesh shapes."""
+
+  def defining(key: str) -> bool:
+    parts = key.split('.')
+    return (parts[-1] in ('job', 'stages') and len(parts) <= 2 or
+            'model' in parts or 'lora' in parts or
+            parts[-2:] == ['optimizer', 'name'] or
+            ('meshes' in parts and parts[-1] == 'axes'))
+
+  return {k: v for k, v in _flat(config).items() if defining(k)}
 
 
 def check_resume(config: ml_collections.ConfigDict, workdir: epath.Path):
@@ -214,7 +221,8 @@ def main(argv: Sequence[str]) -> None:
                         config.runtime.compilation_cache_dir)
     detection = backend.detect(os.environ, _COORDINATOR.value,
                                _NUM_PROCESSES.value, _PROCESS_ID.value)
-    runtime = backend.start(detection, config.runtime.host_device_count)
+    runtime = backend.start(detection, config.runtime.host_device_count,
+                            config.runtime.peer_timeout_s)
     preemption = Preemption(runtime)  # SIGTERM from here on means: stop agreed
     role_meshes = meshes.build(config.meshes, runtime.devices)
     if runtime.is_coordinator:

@@ -79,3 +79,28 @@ def test_launcher_environment_is_what_the_backend_reads():
     assert (detection.backend, detection.process_id,
             detection.process_count) == ('multi_controller', i, 3)
     assert detection.coordinator_address == 'localhost:999'
+
+
+def test_a_stopped_peer_ends_the_job_and_the_coordinator_is_local(tmp_path):
+  """SIGSTOP one of two processes mid-run: the others stop waiting after
+  --config.runtime.peer_timeout_s and the launcher exits non-zero; the
+  coordinator listens on the loopback interface only."""
+  launcher = subprocess.Popen(
+      [sys.executable, 'launch/local.py', '--num_processes=2', '--',
+       '--config=tunix_pw/configs/smoke.py:collocated',
+       '--config.steps=100000000', '--config.runtime.peer_timeout_s=10',
+       f'--workdir={tmp_path}'], cwd=helpers.ROOT, env=helpers.env(),
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  helpers.wait_for(tmp_path / 'config.json', launcher)
+  children = {p.environ()['JOB_COMPLETION_INDEX']: p
+              for p in psutil.Process(launcher.pid).children()}
+  listening = [c.laddr.ip for c in children['0'].net_connections('tcp')
+               if c.status == psutil.CONN_LISTEN]
+  assert listening and all(ip in ('127.0.0.1', '::ffff:127.0.0.1', '::1')
+                           for ip in listening), listening
+  children['1'].send_signal(signal.SIGSTOP)
+  start = time.monotonic()
+  output, _ = launcher.communicate(timeout=120)
+  assert time.monotonic() - start < 60
+  assert launcher.returncode not in (0, 42), output[-3000:]
+  assert 'stopped sending heartbeats' in output

@@ -78,3 +78,38 @@ def test_orpo_equals_hand_computation():
       losses.orpo(losses.Pair(chosen_sum, chosen_n, rejected_sum,
                               rejected_n), 0.0, lam),
       [expected], rtol=1e-6)
+
+
+def test_a_non_finite_step_is_skipped_and_counted():
+  """A NaN loss leaves parameters and optimizer state as they were, counts
+  the streak, and the next finite step updates and resets it."""
+  import optax  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+
+  class Linear(nnx.Module):
+
+    def __init__(self):
+      self.w = nnx.Param(jnp.ones((3,)))
+
+  graphdef, params = nnx.split(Linear())
+
+  def loss_fn(model, batch, rng):
+    del rng
+    loss = (model.w.get_value() * batch['x']).sum() * batch['scale'].sum()
+    return loss, dict(weight=jnp.float32(1.0))
+
+  optimizer = optax.sgd(0.1)
+  step = step_lib.make_step(graphdef, None, loss_fn, optimizer,
+                            lambda s: 0.1, 1)
+  state = step_lib.TrainState.create(params, optimizer, seed=0)
+  x = jnp.ones((1, 3))
+  for scale, skipped, streak in ((jnp.nan, 1, 1), (jnp.inf, 1, 2),
+                                 (1.0, 0, 0)):
+    before = np.asarray(state.params['w'].get_value())
+    state, m = step(state, dict(x=x, scale=jnp.full((1,), scale)))
+    after = np.asarray(state.params['w'].get_value())
+    assert (float(m['skipped']), float(m['nonfinite_streak'])) == (skipped,
+                                                                  streak)
+    assert np.array_equal(after, before) == bool(skipped)
+    assert np.isfinite(after).all()
+  np.testing.assert_allclose(after, before - 0.1)

@@ -19,6 +19,8 @@ def runtime(host_device_count: int = 0) -> ml_collections.ConfigDict:
   compilation_cache_dir: persistent XLA compilation cache ('' disables it).
   max_inflight: dispatched steps (and transfer groups) in flight at most.
   reshard_group_mib: bytes a weight transfer stages at once, in MiB.
+  peer_timeout_s: multi-controller: how long processes wait for a peer
+    (connecting, heartbeats) before the job ends with an error.
   """
   return ml_collections.ConfigDict(dict(
       host_device_count=host_device_count,
@@ -26,6 +28,7 @@ def runtime(host_device_count: int = 0) -> ml_collections.ConfigDict:
           os.path.expanduser('~'), '.cache', 'tunix_pw', 'xla'),
       max_inflight=2,
       reshard_group_mib=256,
+      peer_timeout_s=300,
   ))
 
 
@@ -103,7 +106,10 @@ def optimizer(learning_rate: float = 1e-4, warmup_steps: int = 10,
       name='adamw', learning_rate=learning_rate, warmup_steps=warmup_steps,
       schedule=schedule, decay_steps=0, end_fraction=0.1, b1=0.9, b2=0.99,
       eps=1e-8,
-      weight_decay=0.0, clip_norm=1.0))
+      weight_decay=0.0, clip_norm=1.0,
+      # A step with a non-finite loss or gradient norm is skipped; this
+      # many in a row (seen when metrics are logged) stop the run.
+      max_nonfinite_steps=10))
 
 
 def lora(rank: int = 0) -> ml_collections.ConfigDict:

@@ -326,6 +326,7 @@ def train(parts: Parts, heldout: dict[str, Any], workdir: str,
         print(f'grpo: weight sync by {sampler.last_sync.path}, '
               f'{sampler.last_sync.bytes / 2**20:.1f} MiB in '
               f'{sampler.last_sync.groups} groups', flush=True)
+      loop.check_finite(values, config.optimizer.max_nonfinite_steps, done)
       if done % config.log_every == 0 or done == config.steps:
         writer.write(done, values)
       if config.sample_every and done % config.sample_every == 0:

@@ -141,7 +141,18 @@ def accelerator_present() -> bool:
           hardware_utils.num_available_amd_gpus(stop_at=1) > 0)
 
 
-def start(detection: Detection, host_device_count: int = 0) -> Runtime:
+def _bind_address(coordinator: str) -> str | None:
+  """A coordinator named by a loopback address listens on loopback only
+  (launch/local.py's processes on one machine); others on every interface,
+  JAX's default, since their peers are other hosts."""
+  host, _, port = coordinator.rpartition(':')
+  if host in ('localhost', '::1', '[::1]') or host.startswith('127.'):
+    return f'{"[::1]" if "::1" in host else "127.0.0.1"}:{port}'
+  return None
+
+
+def start(detection: Detection, host_device_count: int = 0,
+          peer_timeout_s: int = 300) -> Runtime:
   """Starts the detected backend and returns the Runtime.
 
   Args:
@@ -168,8 +179,16 @@ def start(detection: Detection, host_device_count: int = 0) -> Runtime:
   elif detection.backend == MULTI_CONTROLLER:
     # Cross-process collectives on CPU (tests, CPU pods); ignored elsewhere.
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-    jax.distributed.initialize(detection.coordinator_address,
-                               detection.process_count, detection.process_id)
+    # A peer that does not connect, or stops sending heartbeats (stuck,
+    # stopped, gone), ends every process with an error after the timeout
+    # instead of leaving them blocked in a collective forever.
+    jax.distributed.initialize(
+        detection.coordinator_address, detection.process_count,
+        detection.process_id,
+        coordinator_bind_address=_bind_address(
+            detection.coordinator_address),
+        initialization_timeout=peer_timeout_s,
+        heartbeat_timeout_seconds=peer_timeout_s)
 
   return Runtime(detection.backend, detection.reason, jax.process_index(),
                  jax.process_count(), tuple(jax.devices()))

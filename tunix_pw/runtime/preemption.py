@@ -18,7 +18,10 @@ data preparation, the first step's compilation) there is nothing to
 checkpoint: SIGTERM then ends the process at once with one line and exit
 42. A thread sees the signal through the signal module's wakeup fd, so this
 holds while the main thread is inside a long C call (an XLA compile), where
-a Python signal handler would wait.
+a Python signal handler would wait. In a multi-controller run this holds
+until the processes have connected; from then on a signalled process waits
+for the agreed check, so that its peers never wait on a process that left
+alone.
 """
 
 from __future__ import annotations
@@ -49,17 +52,19 @@ class _Watcher:
     self._installed = False
 
   def install(self) -> None:
-    if self._installed or threading.current_thread() is not (
-        threading.main_thread()):
+    """Idempotent, but the handler is set again each time: a runtime that
+    starts in between (jax.distributed's preemption notifier) replaces it."""
+    if threading.current_thread() is not threading.main_thread():
       return
-    self._installed = True
-    reader, writer = socket.socketpair()
-    writer.setblocking(False)
-    signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    if not self._installed:
+      self._installed = True
+      reader, writer = socket.socketpair()
+      writer.setblocking(False)
+      signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+      threading.Thread(target=self._watch, args=(reader, writer),
+                       daemon=True, name='sigterm').start()
     # The C handler (which writes the wakeup byte) needs a Python one.
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    threading.Thread(target=self._watch, args=(reader, writer), daemon=True,
-                     name='sigterm').start()
 
   def _watch(self, reader: socket.socket, writer: socket.socket) -> None:
     del writer  # kept alive with this thread
@@ -98,6 +103,7 @@ class Preemption:
     self._event = _WATCHER.event
     self.checks = 0
     watch_sigterm()
+    _WATCHER.armed = self._agree  # peers: stop together (see above)
 
   def request(self) -> None:
     """Asks for a stop as SIGTERM would (tests, and the job's own reasons)."""

@@ -1,20 +1,26 @@
 """Orbax checkpoints of a job's whole state, in <workdir>/checkpoints.
 
 Each checkpoint holds the train state (trainable parameters, optimizer
-state, step, RNG) and the data iterator's state. Saves are asynchronous
-(the device-to-host copy happens before `save` returns, the writing in the
-background) and the last `keep` are kept. Orbax finalises a checkpoint
-atomically, so a crash mid-save leaves no complete-looking step; a step that
-is nonetheless unreadable (a torn copy) is skipped with a warning and the
-previous one used.
+state, step, RNG) and every process's data iterator state. Saves are
+asynchronous (the device-to-host copy happens before `save` returns, the
+writing in the background) and the last `keep` are kept. Orbax finalises a
+checkpoint atomically, so a crash mid-save leaves no complete-looking step;
+a newest step that is nonetheless unreadable (a torn copy) is skipped with
+a warning and the one before used, and is overwritten when the run saves
+that step again. When no step restores into the job's state, the run is
+refused (exit 2) rather than started over: the checkpoints are kept. All
+processes restore the same step.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
 import jax
+from jax.experimental import multihost_utils
+import numpy as np
 import orbax.checkpoint as ocp
 
 from tunix_pw import workdir as workdir_lib
@@ -38,31 +44,54 @@ class Checkpointer:
             max_to_keep=keep, enable_async_checkpointing=async_save,
             cleanup_tmp_directories=True),
         item_names=('state', 'data'))
+    self._saved: set[int] = set()
 
   def save(self, step: int, state: Any, data_state: dict[str, Any]) -> None:
-    """Saves `step` (a no-op when that step is saved already)."""
-    if step in self.manager.all_steps():
+    """Saves `step` with every process's `data_state`. A step this run
+    saved already is not saved twice; one left by an earlier run (a torn
+    copy the resume skipped) is replaced."""
+    if step in self._saved:
       return
+    if step in self.manager.all_steps():
+      self.manager.wait_until_finished()
+      self.manager.delete(step)
+    self._saved.add(step)
     self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
-        data=ocp.args.JsonSave(data_state)), force=True)
+        data=ocp.args.JsonSave(dict(processes=_gather(data_state)))),
+                      force=True)
 
   def restore(self, like: Any) -> tuple[Any, dict[str, Any], int] | None:
-    """The latest readable checkpoint into the shardings of `like` (a state
-    of arrays or ShapeDtypeStructs), or None when there is none."""
+    """The newest checkpoint that restores into the shardings of `like` (a
+    state of arrays or ShapeDtypeStructs) on every process, with this
+    process's data state; None when there is none. Raises UsageError when
+    checkpoints exist but none restores."""
     _check_every_process_holds(like)
-    target = _abstract(like)
-    for step in sorted(self.manager.all_steps(), reverse=True):
+    target, problems = _abstract(like), []
+    steps = [int(s) for s in multihost_utils.broadcast_one_to_all(
+        np.array(sorted(self.manager.all_steps(), reverse=True) or [-1]))]
+    for step in (s for s in steps if s >= 0):
       try:
         restored = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(target),
             data=ocp.args.JsonRestore()))
       except Exception as e:  # pylint: disable=broad-exception-caught
-        logging.warning('checkpoint %d in %s is unreadable (%s: %s); using '
-                        'the one before', step, self.directory,
-                        type(e).__name__, str(e)[:200])
-        continue
-      return restored.state, restored.data, step
+        restored = None
+        problems.append(f'step {step}: {type(e).__name__}: '
+                        f'{str(e).splitlines()[0][:200] if str(e) else ""}')
+      if _everywhere(restored is not None):
+        if problems:
+          logging.warning('%s: resuming from step %d; newer checkpoints are '
+                          'unreadable (%s)', self.directory, step,
+                          '; '.join(problems))
+        data = restored.data.get('processes', [restored.data])  # (older)
+        data = data[jax.process_index() % len(data)]
+        return restored.state, data, step
+    if problems:
+      raise UsageError(
+          f'{self.directory} holds checkpoints, but none restores into this '
+          f'job\'s state ({problems[0]}); resume with the config that wrote '
+          'them, or use a new --workdir.')
     return None
 
   def wait(self) -> None:
@@ -97,6 +126,26 @@ def latest_params(workdir: str, like: Any) -> Any:
   raise UsageError(
       f'{workdir} is a tunix_pw workdir but {directory} holds no readable '
       'checkpoint' + (f' ({"; ".join(problems)})' if problems else '') + '.')
+
+
+def _everywhere(ok: bool) -> bool:
+  """Whether `ok` holds on every process."""
+  if jax.process_count() == 1:
+    return ok
+  return bool(np.min(multihost_utils.process_allgather(np.int32(ok))))
+
+
+def _gather(data_state: dict[str, Any]) -> list[dict[str, Any]]:
+  """Every process's data state, in process order (each reads its own
+  share of the data)."""
+  if jax.process_count() == 1:
+    return [data_state]
+  blob = np.frombuffer(json.dumps(data_state).encode(), np.uint8)
+  sizes = multihost_utils.process_allgather(np.int32(len(blob)))
+  padded = np.zeros(int(np.max(sizes)), np.uint8)
+  padded[:len(blob)] = blob
+  blobs = multihost_utils.process_allgather(padded)
+  return [json.loads(bytes(b[:n]).decode()) for b, n in zip(blobs, sizes)]
 
 
 def _check_every_process_holds(state: Any) -> None:

@@ -9,7 +9,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+
 from tunix_pw import console
+from tunix_pw.errors import UsageError
 from tunix_pw.runtime.fetch import fetch
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.throttle import InflightThrottler
@@ -37,8 +41,10 @@ class Tracker:
   `max_inflight` steps run ahead of the device."""
 
   def __init__(self, writer: metrics.Writer, bar: console.Progress,
-               every: int, last: int, max_inflight: int):
+               every: int, last: int, max_inflight: int,
+               max_nonfinite: int = 0):
     self.writer, self.bar, self.every, self.last = writer, bar, every, last
+    self.max_nonfinite = max_nonfinite
     self.throttler = InflightThrottler(max_inflight)
     self._pending, self._tokens, self._clock = 0, 0, time.perf_counter()
 
@@ -54,8 +60,20 @@ class Tracker:
         fetch(step_metrics), tokens_per_s=self._tokens / seconds,
         step_seconds=seconds / self._pending,
         compilations=metrics.compilations()))
+    check_finite(values, self.max_nonfinite, done)
     self.bar.update(self._pending, **{k: values[k] for k in shown})
     self._pending, self._tokens, self._clock = 0, 0, time.perf_counter()
+
+
+def check_finite(values: dict[str, float], limit: int, step: int) -> None:
+  """Stops the run (UsageError) once `limit` steps in a row were skipped
+  for a non-finite loss or gradient norm."""
+  if limit and values.get('nonfinite_streak', 0) >= limit:
+    raise UsageError(
+        f'{int(values["nonfinite_streak"])} steps in a row up to step {step} '
+        'had a non-finite loss or gradient norm and were skipped; lower the '
+        'learning rate, check the data, or raise '
+        '--config.optimizer.max_nonfinite_steps.')
 
 
 def end_of_step(done: int, every: int, save: Callable[[int], None],
@@ -90,7 +108,12 @@ class Session:
 
   def save(self, step: int, data_state: Any = None) -> None:
     """A checkpoint of `state` at `step`, with the data position now (or
-    `data_state`, where a step began)."""
+    `data_state`, where a step began); never of non-finite parameters."""
+    finite = jax.tree.reduce(jnp.logical_and, jax.tree.map(
+        lambda x: jnp.isfinite(x).all(), self.state.params))
+    if not bool(fetch(finite)):
+      raise UsageError(f'the parameters at step {step} hold NaN or inf: not '
+                       'checkpointing them (the last checkpoint is kept).')
     self.checkpointer.save(step, self.state, self.data.state()
                            if data_state is None else data_state)
 
@@ -116,7 +139,8 @@ def run_steps(session: Session, preemption: Preemption,
   with console.Progress(config.steps - session.start, session.name,
                         enabled=session.runtime.is_coordinator) as bar:
     tracker = Tracker(session.writer, bar, config.log_every, config.steps,
-                      config.runtime.max_inflight)
+                      config.runtime.max_inflight,
+                      config.optimizer.max_nonfinite_steps)
     for index in range(session.start, config.steps):
       step_metrics, tokens = step_fn(index)
       done = index + 1

@@ -32,12 +32,13 @@ class TrainState:
   params: Any  # the trainable parameters (an nnx.State)
   opt_state: Any
   rng: jax.Array  # uint32 key data
+  nonfinite: jax.Array  # int32: consecutive steps skipped as non-finite
 
   @classmethod
   def create(cls, params, optimizer: optax.GradientTransformation,
              seed: int) -> 'TrainState':
     state = cls(jnp.int32(0), params, optimizer.init(params),
-                jax.random.key_data(jax.random.key(seed)))
+                jax.random.key_data(jax.random.key(seed)), jnp.int32(0))
     # Scalars (step, RNG, optimizer counts) replicated on the parameters'
     # mesh: committed like the rest, so a restored state fits the step.
     first = jax.tree.leaves(params)[0].sharding
@@ -68,7 +69,7 @@ class TrainState:
     scalars = jax.eval_shape(lambda: (
         jnp.int32(0), jax.random.key_data(jax.random.key(0))))
     return cls(like(scalars[0], replicated), params, opt_state,
-               like(scalars[1], replicated))
+               like(scalars[1], replicated), like(scalars[0], replicated))
 
 
 def micro_batches(batch: dict[str, jax.Array], count: int) -> dict[str, Any]:
@@ -110,7 +111,11 @@ def make_step(graphdef: nnx.GraphDef, frozen: Any, loss_fn: LossFn,
 
   `param_shardings` (the trainable parameters'): gradients are kept in them.
   Unconstrained, XLA may give the gradient buffers of scanned layers no
-  sharding, a whole model's gradients on every device under FSDP."""
+  sharding, a whole model's gradients on every device under FSDP.
+
+  A step whose loss or gradient norm is not finite changes neither the
+  parameters nor the optimizer state: metrics `skipped` (1) and
+  `nonfinite_streak` (such steps in a row) say so."""
 
   def constrain(grads):
     if param_shardings is None:
@@ -150,12 +155,19 @@ def make_step(graphdef: nnx.GraphDef, frozen: Any, loss_fn: LossFn,
     updates, opt_state = optimizer.update(grads, state.opt_state,
                                           state.params)
     params = optax.apply_updates(state.params, updates)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    keep = lambda new, old: jax.tree.map(
+        lambda a, b: jnp.where(finite, a, b), new, old)
     metrics = {k: v / weight for k, v in sums.items() if k != 'weight'}
+    nonfinite = jnp.where(finite, 0, state.nonfinite + 1)
     metrics.update(loss=loss / weight, weight=sums['weight'],
-                   grad_norm=optax.global_norm(grads),
-                   learning_rate=schedule(state.step))
-    new = TrainState(state.step + 1, params, opt_state,
-                     jax.random.key_data(rng))
+                   grad_norm=grad_norm, learning_rate=schedule(state.step),
+                   skipped=1.0 - finite.astype(jnp.float32),
+                   nonfinite_streak=nonfinite.astype(jnp.float32))
+    new = TrainState(state.step + 1, keep(params, state.params),
+                     keep(opt_state, state.opt_state),
+                     jax.random.key_data(rng), nonfinite)
     return new, metrics
 
   return functools.partial(jax.jit(step, donate_argnums=0), frozen=frozen)
