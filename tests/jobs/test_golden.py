@@ -1,7 +1,8 @@
 """GRPO and its variants, 5 steps through `main`: metrics (timings aside)
 and final parameters bit-identical to goldens recorded before the RL loop
-was rebuilt from phases (and before the non-finite step guard) (`python -m tests.jobs.test_golden` records them
-anew, for a deliberate change of results)."""
+was rebuilt from phases and before the non-finite step guard
+(`python -m tests.jobs.test_golden` records them anew, for a deliberate
+change of results)."""
 
 import hashlib
 import json

@@ -116,7 +116,7 @@ def test_hostile_chat_template_exits_2_fast(checkpoint, tmp_path):
       GENERATE, f'--config.model.checkpoint={directory}',
       f'--config.model.tokenizer={hostile}', '--config.prompt=hi',
       '--config.chat=True', f'--workdir={tmp_path / "w"}', timeout=60)
-  assert time.monotonic() - start < 10 + 10  # the job's start-up, then 10 s
+  assert time.monotonic() - start < 10  # the whole command
   assert result.returncode == 2, result.stderr
   [line] = helpers.error_lines(result.stderr)
   assert 'chat_template.jinja: the chat template failed to render' in line

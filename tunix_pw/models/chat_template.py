@@ -63,7 +63,8 @@ class _Sandbox(sandbox.ImmutableSandboxedEnvironment):
 
   intercepted_binops = frozenset({'*', '**'})
 
-  def call(__self, __context, __obj, *args, **kwargs):  # pylint: disable=no-self-argument
+  # pylint: disable-next=no-self-argument
+  def call(__self, __context, __obj, *args, **kwargs):
     _spend()
     if isinstance(__obj, runtime.LoopContext) and args:  # a recursive loop
       args = (_bounded(args[0]),) + args[1:]

@@ -2,8 +2,9 @@
 
 Parameters carry their logical axes as `axes` metadata ('embed', 'heads',
 'kv_heads', 'mlp', 'vocab'); a `stack` dimension (scan-stacked layers) comes
-first and is unnamed. Activations are constrained through `runtime.sharding.Sharder`, which
-maps logical names to the role's mesh by config rules.
+first and is unnamed. Activations are constrained through
+`runtime.sharding.Sharder`, which maps logical names to the role's mesh by
+config rules.
 """
 
 from __future__ import annotations

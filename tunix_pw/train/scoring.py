@@ -35,9 +35,10 @@ def reference_mesh(config: Any, meshes: Any):
 
 def reference(config: Any, policy: Any, meshes: Any,
               runtime: Any) -> Scorer:
-  """The frozen initial policy (`policy`: a train.program.Program). A LoRA policy's reference is its own base
-  with zero adapters, sharing the frozen arrays (no copy); otherwise the
-  initial policy is copied onto the reference mesh."""
+  """The frozen initial policy (`policy`: a train.program.Program). A LoRA
+  policy's reference is its own base with zero adapters, sharing the
+  frozen arrays (no copy); otherwise the initial policy is copied onto the
+  reference mesh."""
   mesh = reference_mesh(config, meshes)
   if policy.frozen is not None:
     zeros = jax.tree.map(jnp.zeros_like, policy.params)
