@@ -11,7 +11,7 @@ import pytest
 from tunix_pw.configs import grpo as grpo_config
 from tunix_pw.jobs import grpo
 from tunix_pw.models import tokenizers
-from tunix_pw.rl import batch as batch_lib, phases
+from tunix_pw.rl import batch as batch_lib, phases, plan as rl_plan
 from tunix_pw.runtime import backend, meshes
 
 RUNTIME = backend.Runtime(backend.LOCAL, 'test', 0, 1, tuple(jax.devices()))
@@ -52,8 +52,8 @@ def signature(tree):
 def test_compile_plan_lowers_what_the_run_compiles():
   c = config()
   role_meshes = meshes.build(c.meshes, RUNTIME.devices)
-  ran = grpo.plan(c, role_meshes, abstract=False)
-  checked = grpo.plan(c, role_meshes, abstract=True)
+  ran = rl_plan.plan(c, role_meshes, abstract=False)
+  checked = rl_plan.plan(c, role_meshes, abstract=True)
   assert checked.needed == ran.needed == ('ref_logps', 'old_logps')
   arrays, batch = run_batch(c, ran)
   shapes = grpo.batch_shapes(c, c.rl.mini_batch_size, checked.policy.mesh,
@@ -83,7 +83,7 @@ def test_compile_plan_lowers_what_the_run_compiles():
 def test_reshard_group_mib_sizes_the_real_weight_sync(mib, groups):
   c = config(reshard_group_mib=mib)
   role_meshes = meshes.build(c.meshes, RUNTIME.devices)
-  programs = grpo.plan(c, role_meshes, abstract=False)
+  programs = rl_plan.plan(c, role_meshes, abstract=False)
   engine = grpo.rollout_engine(c, programs, tokenizers.load('char'),
                                role_meshes, RUNTIME)
   engine.update_weights(programs.policy.params)

@@ -6,8 +6,8 @@ equal) and rewards -> advantages -> reference and old log-probabilities ->
 mini-batch updates on the actor mesh (gradient accumulation, num_iterations
 reuses of the rollout) -> weight sync actor -> rollout (the runtime's
 reshard) -> metrics; then evaluation and checkpoints, with preemption
-checked at every phase boundary. `plan` builds the programs once, for the
-run and for compile-only checks alike.
+checked at every phase boundary. `rl/plan.py` builds the programs once,
+for the run and for compile-only checks alike.
 """
 
 from __future__ import annotations
@@ -25,11 +25,10 @@ from tunix_pw import checks, compile_only, console
 from tunix_pw.data import formats, mixture, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints
-from tunix_pw.rl import batch as batch_lib, loss as loss_lib, phases
-from tunix_pw.rl import registry, rewards as rewards_lib
+from tunix_pw.rl import batch as batch_lib, phases
+from tunix_pw.rl import plan as plan_lib, registry, rewards as rewards_lib
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard
 from tunix_pw.runtime.preemption import Preemption
-from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.sampling.sampler import Sampler, make_sampler
 from tunix_pw.train import evaluate, loop, optim, program, scoring, setup
 
@@ -96,66 +95,13 @@ def validate(config: Any) -> None:
                          'prompts_per_step x num_generations')
 
 
-def total_updates(config: Any) -> int:
-  """Optimizer updates over the run (the schedule's span)."""
-  rl = config.rl
-  samples = rl.prompts_per_step * rl.num_generations
-  return config.steps * rl.num_iterations * (samples // rl.mini_batch_size)
-
-
-def make_logps(config: Any, mesh, graphdef):
-  """jitted (params state, sequences) -> per-token log-probabilities, on
-  `mesh`."""
-  shard = Sharder(mesh, config.sharding)
-  return jax.jit(lambda state, b: loss_lib.token_logps(
-      nnx.merge(graphdef, state), b['tokens'], b['positions'],
-      b['segment_ids'], shard)[0])
-
-
-def logps_keys(rl: Any) -> tuple[str, ...]:
-  """The log-probabilities an update needs: the reference's (for the KL
-  term) and the rollout policy's (when a rollout feeds several updates)."""
-  samples = rl.prompts_per_step * rl.num_generations
-  return (('ref_logps',) if rl.kl_beta else ()) + (
-      ('old_logps',) if rl.num_iterations > 1 or rl.mini_batch_size < samples
-      else ())
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-  """Everything the job compiles, for its run and its compile-only check
-  alike: the policy and its train step, the rollout engine's shardings, the
-  weight sync's budget and the log-probability programs."""
-
-  policy: program.Program
-  rollout_shardings: Any  # the whole model's, on the rollout mesh
-  sync: reshard.Budget  # --config.runtime.reshard_group_mib, max_inflight
-  needed: tuple[str, ...]  # the log-probabilities an update needs
-  logps: Callable[[Any], Any]  # mesh -> its jitted log-probability program
-
-
-def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
-         abstract: bool) -> Plan:
-  rl, actor = config.rl, meshes['actor']
-  policy = program.build(
-      config, actor, functools.partial(
-          loss_lib.rl_loss, rl=rl, shard=Sharder(actor, config.sharding)),
-      micro_batches=rl.mini_batch_size // rl.micro_batch_size,
-      total_updates=total_updates(config), abstract=abstract)
-  return Plan(policy, checkpoints.param_shardings(
-      nnx.state(policy.model()), meshes['rollout'], config.sharding),
-              reshard.Budget.from_block(config.runtime), logps_keys(rl),
-              functools.cache(lambda mesh: make_logps(
-                  config, mesh, policy.full_graphdef)))
-
-
 @dataclasses.dataclass(frozen=True)
 class Parts:
   """What a run's steps use, built once by `run`."""
 
   config: Any
   runtime: backend.Runtime
-  plan: Plan
+  plan: plan_lib.Plan
   sampler: Sampler  # the rollout engine, on the rollout mesh
   reference: scoring.Scorer | None
   tokenizer: Any
@@ -163,7 +109,7 @@ class Parts:
   reward_weights: dict[str, list[tuple[str, float]]]  # dataset -> weights
 
 
-def rollout_engine(config: Any, programs: Plan, tokenizer: Any,
+def rollout_engine(config: Any, programs: plan_lib.Plan, tokenizer: Any,
                    meshes: meshes_lib.RoleMeshes, runtime: Any) -> Sampler:
   """A copy of the policy on the rollout mesh, owned by the engine alone
   (weight syncs then free the previous copy)."""
@@ -227,7 +173,7 @@ def step(parts: Parts, state: Any, index: int, preemption: Preemption,
 
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
         workdir: str, preemption: Preemption) -> None:
-  programs = plan(config, meshes, abstract=False)
+  programs = plan_lib.plan(config, meshes, abstract=False)
   tokenizer = setup.tokenizer(config.model)
   sampler = rollout_engine(config, programs, tokenizer, meshes, runtime)
   reference = (scoring.reference(config, programs.policy, meshes, runtime)
@@ -366,7 +312,7 @@ def batch_shapes(config: Any, count: int, mesh: Any,
   return compile_only.batch_on(mesh, config.sharding, shapes)
 
 
-def sync_phases(config: Any, programs: Plan,
+def sync_phases(config: Any, programs: plan_lib.Plan,
                 rollout_mesh: Any) -> list[compile_only.Phase]:
   """The weight sync's relayouts, in the run's groups and in-flight bound;
   the engine serves the old weights until the new ones have landed."""
@@ -408,7 +354,7 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
   program and the weight sync's relayouts, with the state each role keeps
   resident."""
   rl, rules = config.rl, config.sharding
-  programs = plan(config, meshes, abstract=True)
+  programs = plan_lib.plan(config, meshes, abstract=True)
   policy, rollout_mesh = programs.policy, meshes['rollout']
   full_state = nnx.state(policy.model())
   rollout_model = nnx.merge(policy.full_graphdef, compile_only.with_shardings(
