@@ -65,7 +65,7 @@ def test_all_data_filtered_out_exits_2_naming_the_filter(tmp_path, config,
                             timeout=120)
   assert time.monotonic() - start < 60
   line = one_error(result)
-  assert 'examples of the train split of arithmetic were dropped' in line
+  assert 'examples of the train split of arithmetic in a row were dropped' in line
   assert filter_ in line
 
 

@@ -1,6 +1,7 @@
 """Pipelines: seeded order, exactly-once epochs, resume in a fresh process,
 per-process shares of a real two-process run, packing."""
 
+import functools
 import json
 import subprocess
 import sys
@@ -14,8 +15,10 @@ import pytest
 from tests import helpers
 from tunix_pw.configs import common
 from tunix_pw.data import formats, pipeline
+from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints, presets
 from tunix_pw.models.tokenizers import CharTokenizer
+from tunix_pw.train import checkpoint
 
 ARITH = dict(digits=2, operations='+-', train_size=300, test_size=60, seed=0)
 
@@ -86,6 +89,54 @@ def test_resume_in_a_fresh_process_continues_exactly(sources, tmp_path):
   assert json.loads(out.stdout.splitlines()[-1]) == rest
   assert len(taken) * 16 + len(rest) == 2 * 300 // 16 * 16
   del sources
+
+
+def shards_of(source, processes, transform=lambda ex, c: ex['index']):
+  return [pipeline.Pipeline(source, transform, batch_size=8, seed=5,
+                            num_epochs=None, process_index=p,
+                            process_count=processes)
+          for p in range(processes)]
+
+
+def global_batch(readers):
+  """The rows of one global batch by data shard, as `place` lays them."""
+  rows = {}
+  for reader in readers:
+    rows.update(zip(reader.shards, next(reader)))
+  return [rows[s] for s in sorted(rows)]
+
+
+@pytest.mark.parametrize('before,after', [(2, 1), (1, 4), (4, 2)])
+def test_the_data_position_resumes_on_another_process_count(
+    sources, before, after):
+  # Dropping long examples makes shards advance unevenly: positions differ.
+  tok = CharTokenizer()
+  sft = formats.sft_transform('arithmetic', tok, 10, 'drop', False)
+  transform = lambda ex, c: (lambda out: out and ex['index'])(sft(ex, c))
+  source = sources['train']
+  whole = shards_of(source, 1, transform)
+  expected = [global_batch(whole) for _ in range(12)]
+  first = shards_of(source, before, transform)
+  assert [global_batch(first) for _ in range(5)] == expected[:5]
+  saved = functools.reduce(checkpoint._union, [r.state() for r in first])
+  resumed = shards_of(source, after, transform)
+  for reader in resumed:
+    reader.restore(json.loads(json.dumps(saved)))
+  assert [global_batch(resumed) for _ in range(7)] == expected[5:]
+  assert (sum(r.counters.dropped for r in resumed) ==
+          sum(r.counters.dropped for r in whole) > 0)
+
+
+def test_without_drops_the_batches_are_the_global_stream(sources):
+  source = sources['train']
+  reader, readers = shards_of(source, 1), shards_of(source, 4)
+  one = [i for _ in range(40) for i in global_batch(reader)]
+  four = [i for _ in range(40) for i in global_batch(readers)]
+  assert one == four  # 320 > 300: into the second epoch
+  assert sorted(one[:300]) == list(range(300))
+  with pytest.raises(UsageError, match='global batch of 8'):
+    pipeline.Pipeline(source, lambda ex, c: ex, batch_size=16, seed=5,
+                      num_epochs=None).restore(readers[0].state())
 
 
 def test_two_processes_read_disjoint_shares_of_the_whole_split(tmp_path):

@@ -1,12 +1,13 @@
 """Grain pipelines over the TFDS array_record sources.
 
-A `Pipeline` reads its process's disjoint share of a split (every
-`process_count`-th example; the whole split on a single controller),
-shuffles it with a seed (reshuffled each epoch), turns examples into model
-inputs with a per-example transform (which may drop an example: counted),
-optionally packs them into fixed-length rows, and batches. Its state (the
-grain iterator's and the counters) is a small JSON-able dict saved with the
-model checkpoint, so a resumed run continues with exactly the next batch.
+A `Pipeline` shuffles a split into one global stream with a seed
+(reshuffled each epoch), deals it into data shards, one per row of the
+global batch, and reads the shards of its process's rows. It turns examples
+into model inputs with a per-example transform (which may drop an example:
+counted), optionally packs them into fixed-length rows, and batches. Its
+state (each shard's grain position and counters) is a small JSON-able dict
+saved with the model checkpoint, so a resumed run continues with exactly
+the next batch, on this number of processes or another.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tunix_pw.errors import UsageError
 from tunix_pw.runtime import backend, sharding
 
 OVERLONG = ('truncate', 'drop')
+PACKING_BINS = 4  # first-fit bins of each data shard
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,16 +155,24 @@ def pad_batch(examples: Sequence[dict[str, np.ndarray]], length: int,
 
 
 class Pipeline:
-  """Batches of one split for this process, seeded and resumable.
+  """Batches of one split for this process, seeded and resumable on any
+  process count.
+
+  The split is shuffled into one global stream (reshuffled each epoch) and
+  dealt round-robin into `batch_size` data shards: shard s reads global
+  positions s, s + batch_size, ... and gives one example (or one packed row)
+  to each global batch. A process reads the shards of its rows (every
+  `process_count`-th one), so the position of every shard, and the saved
+  state, mean the same on any number of processes that divides the batch.
 
   transform(example, counters) -> model input (or None to drop it);
   batch_fn(list) -> batch. Examples are transformed in this thread, as they
   are consumed, so the counters and the resumable state agree exactly.
-  `pack_length` > 0 packs token examples into rows of that length (grain's
-  first-fit packing: segment ids and positions per row). An empty share of
-  the split, or (endless streams) a whole pass over it with every example
-  dropped, is a UsageError naming `what` (the split) and `dropping` (the
-  filter): the stream would otherwise spin forever."""
+  `pack_length` > 0 packs each shard's examples into rows of that length
+  (grain's first-fit packing: segment ids and positions per row). An empty
+  split, or (endless streams) a shard that drops as many examples in a row
+  as the split holds, is a UsageError naming `what` (the split) and
+  `dropping` (the filter): the stream would otherwise spin forever."""
 
   def __init__(self, source: Any,
                transform: Callable[[dict, Counters], Any], *,
@@ -174,54 +184,77 @@ class Pipeline:
     if batch_size % process_count:
       raise UsageError(f'batch size {batch_size} does not divide over '
                        f'{process_count} processes.')
-    self.counters = Counters()
-    self.local_batch = batch_size // process_count
-    ds = grain.MapDataset.range(len(source))[process_index::process_count]
-    if not len(ds):
-      raise UsageError(f'{what} has no examples for process '
-                       f'{process_index} of {process_count} ({len(source)} '
-                       'in all).')
-    share, passed = len(ds), [0, 0]  # examples seen, kept in this run
+    if not len(source):
+      raise UsageError(f'{what} has no examples.')
+    self.shards = list(range(process_index, batch_size, process_count))
+    self.local_batch, self._batch_size = len(self.shards), batch_size
+    self._counters = {s: Counters() for s in self.shards}
+    self._batch_fn = _packed_batch if pack_length else batch_fn or list
+    stream = grain.MapDataset.range(len(source)).shuffle(seed=seed).repeat(
+        num_epochs, reseed_each_epoch=True)
 
-    def checked(i):
-      # Each example carries its index in the split ('index').
-      out = transform(dict(builders.decode(source[i]), index=i),
-                      self.counters)
-      passed[0] += 1
-      passed[1] += out is not None
-      if passed[0] >= share and not passed[1] and num_epochs is None:
-        raise UsageError(f'all {share} examples of {what} were dropped: '
-                         f'{dropping}.')
-      return out
+    def shard(s):
+      in_a_row = [0]  # examples dropped since the last one kept
 
-    ds = ds.shuffle(seed=seed).repeat(num_epochs, reseed_each_epoch=True)
-    ds = ds.map(checked)
-    iter_ds = ds.to_iter_dataset(grain.ReadOptions(
-        num_threads=0, prefetch_buffer_size=0)).filter(
-            lambda x: x is not None)
-    if pack_length:
-      iter_ds = grain.experimental.FirstFitPackIterDataset(
-          iter_ds, length_struct=dict(tokens=pack_length,
-                                      loss_mask=pack_length),
-          num_packing_bins=self.local_batch, seed=seed)
-      batch_fn = _packed_batch
-    self._dataset = iter_ds.batch(self.local_batch, drop_remainder=True,
-                                  batch_fn=batch_fn or list)
-    self._iterator = iter(self._dataset)
+      def checked(i):
+        # Each example carries its index in the split ('index').
+        out = transform(dict(builders.decode(source[i]), index=i),
+                        self._counters[s])
+        in_a_row[0] = 0 if out is not None else in_a_row[0] + 1
+        if in_a_row[0] >= len(source) and num_epochs is None:
+          raise UsageError(f'{len(source)} examples of {what} in a row were '
+                           f'dropped: {dropping}.')
+        return out
+
+      ds = stream[s::batch_size].map(checked).to_iter_dataset(
+          grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)).filter(
+              lambda x: x is not None)
+      if pack_length:
+        ds = grain.experimental.FirstFitPackIterDataset(
+            ds, length_struct=dict(tokens=pack_length, loss_mask=pack_length),
+            num_packing_bins=PACKING_BINS, seed=seed + s)
+      return iter(ds)
+
+    self._iterators = {s: shard(s) for s in self.shards}
+
+  @property
+  def counters(self) -> Counters:
+    """This process's counters: the sums over its shards."""
+    return Counters(*(sum(getattr(c, f.name) for c in self._counters.values())
+                      for f in dataclasses.fields(Counters)))
 
   def __iter__(self):
     return self
 
   def __next__(self):
-    return next(self._iterator)
+    rows = []
+    for s, iterator in self._iterators.items():
+      try:
+        rows.append(next(iterator))
+      except StopIteration:
+        for rest in self._iterators.values():  # count the whole pass
+          for _ in rest:
+            pass
+        raise
+    return self._batch_fn(rows)
 
   def state(self) -> dict[str, Any]:
-    return dict(grain=self._iterator.get_state(),
-                counters=dataclasses.asdict(self.counters))
+    """The position of this process's shards, by shard (the checkpoint
+    merges every process's)."""
+    return dict(batch_size=self._batch_size, shards={
+        str(s): dict(grain=self._iterators[s].get_state(),
+                     counters=dataclasses.asdict(self._counters[s]))
+        for s in self.shards})
 
   def restore(self, state: dict[str, Any]) -> None:
-    self._iterator.set_state(state['grain'])
-    self.counters = Counters(**state['counters'])
+    if state.get('batch_size') != self._batch_size:
+      raise UsageError(
+          f'the data position was saved for a global batch of '
+          f'{state.get("batch_size")} examples, not {self._batch_size}; '
+          'resume with the batch size that wrote it.')
+    for s in self.shards:
+      self._iterators[s].set_state(state['shards'][str(s)]['grain'])
+      self._counters[s] = Counters(**state['shards'][str(s)]['counters'])
 
 
 def _packed_batch(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

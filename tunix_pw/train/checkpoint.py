@@ -1,7 +1,9 @@
 """Orbax checkpoints of a job's whole state, in <workdir>/checkpoints.
 
 Each checkpoint holds the train state (trainable parameters, optimizer
-state, step, RNG) and every process's data iterator state. Saves are
+state, step, RNG) and the data position: every process's data state merged
+into one (each process reads its own data shards), which any number of
+processes restores. Saves are
 asynchronous (the device-to-host copy happens before `save` returns, the
 writing in the background) and the last `keep` are kept. Orbax finalises a
 checkpoint atomically, so a crash mid-save leaves no complete-looking step;
@@ -14,6 +16,7 @@ processes restore the same step.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from typing import Any
@@ -47,7 +50,7 @@ class Checkpointer:
     self._saved: set[int] = set()
 
   def save(self, step: int, state: Any, data_state: dict[str, Any]) -> None:
-    """Saves `step` with every process's `data_state`. A step this run
+    """Saves `step` with the merge of every process's `data_state`. A step this run
     saved already is not saved twice; one left by an earlier run (a torn
     copy the resume skipped) is replaced."""
     if step in self._saved:
@@ -58,13 +61,13 @@ class Checkpointer:
     self._saved.add(step)
     self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
-        data=ocp.args.JsonSave(dict(processes=_gather(data_state)))),
+        data=ocp.args.JsonSave(_merged(data_state))),
                       force=True)
 
   def restore(self, like: Any) -> tuple[Any, dict[str, Any], int] | None:
     """The newest checkpoint that restores into the shardings of `like` (a
-    state of arrays or ShapeDtypeStructs) on every process, with this
-    process's data state; None when there is none. Raises UsageError when
+    state of arrays or ShapeDtypeStructs) on every process, with the merged
+    data state; None when there is none. Raises UsageError when
     checkpoints exist but none restores."""
     _check_every_process_holds(like)
     target, problems = _abstract(like), []
@@ -84,9 +87,7 @@ class Checkpointer:
           logging.warning('%s: resuming from step %d; newer checkpoints are '
                           'unreadable (%s)', self.directory, step,
                           '; '.join(problems))
-        data = restored.data.get('processes', [restored.data])  # (older)
-        data = data[jax.process_index() % len(data)]
-        return restored.state, data, step
+        return restored.state, restored.data, step
     if problems:
       raise UsageError(
           f'{self.directory} holds checkpoints, but none restores into this '
@@ -135,17 +136,24 @@ def _everywhere(ok: bool) -> bool:
   return bool(np.min(multihost_utils.process_allgather(np.int32(ok))))
 
 
-def _gather(data_state: dict[str, Any]) -> list[dict[str, Any]]:
-  """Every process's data state, in process order (each reads its own
-  share of the data)."""
+def _merged(data_state: dict[str, Any]) -> dict[str, Any]:
+  """Every process's data state as one: the union of their dicts (a
+  pipeline's shards by index), process 0's value where they share a key."""
   if jax.process_count() == 1:
-    return [data_state]
+    return data_state
   blob = np.frombuffer(json.dumps(data_state).encode(), np.uint8)
   sizes = multihost_utils.process_allgather(np.int32(len(blob)))
   padded = np.zeros(int(np.max(sizes)), np.uint8)
   padded[:len(blob)] = blob
   blobs = multihost_utils.process_allgather(padded)
-  return [json.loads(bytes(b[:n]).decode()) for b, n in zip(blobs, sizes)]
+  return functools.reduce(_union, [json.loads(bytes(b[:n]).decode())
+                                   for b, n in zip(blobs, sizes)])
+
+
+def _union(a: Any, b: Any) -> Any:
+  if not isinstance(a, dict) or not isinstance(b, dict):
+    return a
+  return {**b, **{k: _union(v, b[k]) if k in b else v for k, v in a.items()}}
 
 
 def _check_every_process_holds(state: Any) -> None:
