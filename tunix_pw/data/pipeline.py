@@ -161,8 +161,8 @@ class Pipeline:
   The split is shuffled into one global stream (reshuffled each epoch) and
   dealt round-robin into `batch_size` data shards: shard s reads global
   positions s, s + batch_size, ... and gives one example (or one packed row)
-  to each global batch. A process reads the shards of its rows (every
-  `process_count`-th one), so the position of every shard, and the saved
+  to each global batch. A process reads the shards of its rows (its
+  contiguous block of the batch, as `place` lays rows out), so the position of every shard, and the saved
   state, mean the same on any number of processes that divides the batch.
 
   transform(example, counters) -> model input (or None to drop it);
@@ -186,8 +186,9 @@ class Pipeline:
                        f'{process_count} processes.')
     if not len(source):
       raise UsageError(f'{what} has no examples.')
-    self.shards = list(range(process_index, batch_size, process_count))
-    self.local_batch, self._batch_size = len(self.shards), batch_size
+    self.local_batch, self._batch_size = batch_size // process_count, batch_size
+    self.shards = list(range(process_index * self.local_batch,
+                             (process_index + 1) * self.local_batch))
     self._counters = {s: Counters() for s in self.shards}
     self._batch_fn = _packed_batch if pack_length else batch_fn or list
     stream = grain.MapDataset.range(len(source)).shuffle(seed=seed).repeat(
