@@ -62,6 +62,35 @@ def test_two_step_pulse(tmp_path, variant, layout):
     assert key in logged[-1], key
 
 
+def test_cispo_with_tis_and_reinforce_pp_with_mismatch_metrics(tmp_path):
+  # A tiny cap makes every token's weight 1e-6: the loss all but vanishes
+  # if and only if the weights reach it.
+  # Rewards by length vary between a random model's completions.
+  result = run_grpo('runlocal,cispo', *PULSE, '--config.rl.tis_cap=1e-6',
+                    '--config.rl.rewards=by_length:1',
+                    workdir=tmp_path / 'cispo', wrapper=SPLIT_REWARD)
+  assert result.returncode == 0, result.stderr[-3000:]
+  [last] = [m for m in metrics.read(str(tmp_path / 'cispo')) if m.get(
+      'step') == 2 and 'loss' in m]
+  assert abs(last['loss']) < 1e-5
+  # The rollout engine (its own mesh, its own programs) and the trainer
+  # score the same tokens alike: a misaligned position would be far off.
+  assert abs(last['mismatch/kl']) < 1e-4  # k3 >= 0, up to f32 rounding
+  assert 0.99 < last['mismatch/ratio_p05'] <= last['mismatch/ratio_p95'] < 1.01
+  # The control: CISPO without TIS (on REINFORCE++'s advantages) has a
+  # loss well away from 0.
+  result = run_grpo('runlocal,reinforce++', *PULSE, *COLLOCATED,
+                    '--config.rl.mismatch_metrics=True',
+                    '--config.rl.policy_loss=cispo',
+                    '--config.rl.rewards=by_length:1',
+                    workdir=tmp_path / 'rpp', wrapper=SPLIT_REWARD)
+  assert result.returncode == 0, result.stderr[-3000:]
+  [last] = [m for m in metrics.read(str(tmp_path / 'rpp')) if m.get(
+      'step') == 2 and 'loss' in m]
+  assert np.isfinite(last['loss']) and abs(last['loss']) > 1e-2
+  assert abs(last['mismatch/kl']) < 1e-4
+
+
 SPLIT_REWARD = '''
 import os, runpy, signal, sys
 from tunix_pw.rl.registry import register

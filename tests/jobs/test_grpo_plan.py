@@ -19,7 +19,8 @@ RUNTIME = backend.Runtime(backend.LOCAL, 'test', 0, 1, tuple(jax.devices()))
 
 def config(**runtime):
   c = grpo_config.get_config('runlocal')
-  c.rl.update(kl_beta=0.04, mini_batch_size=32)  # reference and old logps
+  # Reference and old log-probabilities, truncated importance weights.
+  c.rl.update(kl_beta=0.04, mini_batch_size=32, tis_cap=2.0)
   c.runtime.update(**runtime)
   return c
 
@@ -31,7 +32,8 @@ def run_batch(c, ran):
   groups = [batch_lib.Group(
       list(rng.integers(4, 100, 7)), '1', [list(rng.integers(4, 100, 5))
                                            for _ in range(rl.num_generations)],
-      [False] * rl.num_generations, rng.random(rl.num_generations), {})
+      [False] * rl.num_generations, rng.random(rl.num_generations), {},
+      [list(rng.random(5)) for _ in range(rl.num_generations)])
             for _ in range(rl.prompts_per_step)]
   arrays = phases.training_arrays(
       phases.Rollout(groups, [1.0] * len(groups), {}), rl,
@@ -54,7 +56,8 @@ def test_compile_plan_lowers_what_the_run_compiles():
   role_meshes = meshes.build(c.meshes, RUNTIME.devices)
   ran = rl_plan.plan(c, role_meshes, abstract=False)
   checked = rl_plan.plan(c, role_meshes, abstract=True)
-  assert checked.needed == ran.needed == ('ref_logps', 'old_logps')
+  assert checked.needed == ran.needed == ('ref_logps', 'old_logps',
+                                          'tis_weights')
   arrays, batch = run_batch(c, ran)
   shapes = grpo.batch_shapes(c, c.rl.mini_batch_size, checked.policy.mesh,
                              logps_names=checked.needed)

@@ -1,6 +1,7 @@
 """Each registered advantage, policy loss, aggregation and KL estimator
 equals a hand computation of its published formula on small arrays."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -32,6 +33,72 @@ def test_rloo_advantage():
   np.testing.assert_allclose(f.rloo_advantage(REWARDS),
                              [[2 / 3, -2 / 3, -2 / 3, 2 / 3],
                               [-1.0, -1.0, -1.0, 3.0]], atol=1e-6)
+
+
+def test_reinforce_pp_advantages():
+  # REINFORCE++ (Hu et al. 2025, arXiv 2501.03262), eq. 10: rewards
+  # normalised by the mean and std of the whole batch (8 values here).
+  r = np.asarray(REWARDS)
+  np.testing.assert_allclose(f.reinforce_pp_advantage(REWARDS),
+                             (r - r.mean()) / r.std(), atol=1e-5)
+  # REINFORCE++-baseline (sec. 3.3): r - group mean, then the batch
+  # normalisation. Group 0's centred values are +-0.5, group 1's -0.75 x3
+  # and 2.25: batch mean 0, std sqrt((4 * 0.25 + 3 * 0.5625 + 5.0625) / 8).
+  centred = np.array([[0.5, -0.5, -0.5, 0.5], [-0.75, -0.75, -0.75, 2.25]])
+  std = np.sqrt((4 * 0.25 + 3 * 0.5625 + 5.0625) / 8)
+  np.testing.assert_allclose(f.reinforce_pp_baseline_advantage(REWARDS),
+                             centred / std, atol=1e-5)
+
+
+def test_cispo_stops_and_clips_the_weight_never_the_token():
+  # CISPO (MiniMax 2025, arXiv 2506.13585), eq. 4-5:
+  # J = sg(clip(r, 1 - eps_low, 1 + eps_high)) A log pi, per token.
+  ratios, adv = np.array([[0.5, 1.0, 1.5]]), 2.0
+  old = jnp.log(jnp.array([[0.2, 0.3, 0.4]]))
+  logp = old + jnp.log(jnp.asarray(ratios))
+
+  def loss(lp):
+    return f.cispo(lp, old, jnp.array([adv]), jnp.ones((1, 3)), 0.2,
+                   0.28)[0].sum()
+
+  weight = np.clip(ratios, 0.8, 1.28)
+  np.testing.assert_allclose(loss(logp), -(weight * adv * np.asarray(logp))
+                             .sum(), rtol=1e-6)
+  # The gradient is -w A on every token, clipped ones included (PPO's is 0
+  # where its clip binds).
+  np.testing.assert_allclose(jax.grad(loss)(logp), -weight * adv, rtol=1e-6)
+  assert f.cispo(logp, old, jnp.array([adv]), jnp.ones((1, 3)), 0.2,
+                 0.28)[1].tolist() == [[True, False, True]]
+  # On-policy (ratio 1) its gradient equals PPO's: -A d(log pi).
+  ppo = lambda lp: f.ppo_clip(lp, jax.lax.stop_gradient(lp), jnp.array([adv]),
+                              jnp.ones((1, 3)), 0.2, 0.28)[0].sum()
+  cispo = lambda lp: f.cispo(lp, jax.lax.stop_gradient(lp), jnp.array([adv]),
+                             jnp.ones((1, 3)), 0.2, 0.28)[0].sum()
+  np.testing.assert_allclose(jax.grad(cispo)(old), jax.grad(ppo)(old),
+                             rtol=1e-6)
+
+
+def test_truncated_importance_weights_and_the_mismatch_metric():
+  # TIS (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
+  # Off-Policy RL Training"): w = min(pi_old / pi_rollout, C) per token.
+  trainer = np.log([[0.5, 0.2, 0.9, 0.3]])
+  rollout = np.log([[0.25, 0.4, 0.3, 0.3]])
+  mask = np.array([[1.0, 1.0, 1.0, 0.0]])
+  np.testing.assert_allclose(f.tis_weights(trainer, rollout, mask, 2.0),
+                             [[2.0, 0.5, 2.0, 0.0]], rtol=1e-6)  # 3 -> cap
+  # KL(pi_rollout || pi_old) by k3 over the 3 sampled tokens.
+  d = (trainer - rollout)[0, :3]
+  got = f.mismatch(trainer, rollout, mask)
+  np.testing.assert_allclose(got['mismatch/kl'],
+                             (np.exp(d) - d - 1).mean(), rtol=1e-5)
+  np.testing.assert_allclose(
+      [got['mismatch/ratio_p05'], got['mismatch/ratio_p50'],
+       got['mismatch/ratio_p95']], np.quantile(np.exp(d), [0.05, 0.5, 0.95]),
+      rtol=1e-5)
+  same = f.mismatch(trainer, trainer, mask)
+  assert float(same['mismatch/kl']) == 0.0
+  assert float(same['mismatch/ratio_p05']) == float(
+      same['mismatch/ratio_p95']) == 1.0
 
 
 def test_ppo_clip_with_separate_epsilons():
@@ -100,4 +167,5 @@ def test_kl_estimators():
 def test_unknown_names_are_config_errors():
   with pytest.raises(UsageError, match="'ppo' is not a registered"):
     registry.check('policy_loss', 'ppo', '--config.rl.policy_loss')
-  assert registry.names('advantage') == ['drgrpo', 'grpo', 'rloo']
+  assert registry.names('advantage') == [
+      'drgrpo', 'grpo', 'reinforce++', 'reinforce++-baseline', 'rloo']

@@ -1,4 +1,4 @@
-"""GRPO and its variants: GRPO, DAPO, Dr. GRPO, GSPO-token.
+"""GRPO and its variants: GRPO, DAPO, Dr. GRPO, GSPO-token, CISPO, REINFORCE++.
 
   python -m tunix_pw.main --config=tunix_pw/configs/grpo.py:runlocal \
       --workdir=/tmp/grpo
@@ -9,7 +9,7 @@
       --config.data.manual_dir=/data/gsm8k --workdir=/gcs/bucket/grpo
 
 arg: `<model preset or runlocal>[,<variant>[,mix]]`, variant one of grpo,
-dapo, drgrpo, gspo (default grpo). A variant is only a set of the
+dapo, drgrpo, gspo, cispo, reinforce++ (default grpo). A variant is only a set of the
 registered functions and settings below; every field can be overridden.
 `,mix` trains on a mixture of datasets, each with its own rewards (see
 `mixture`).
@@ -38,6 +38,16 @@ VARIANTS = {
     'gspo': dict(advantage='grpo', policy_loss='gspo_token', eps_low=3e-4,
                  eps_high=4e-4, aggregation='sequence-mean-token-mean',
                  kl='k3', kl_beta=0.0, dynamic_sampling=False),
+    # CISPO (MiniMax-M1): clipped, stopped importance weights on every
+    # token's log-probability; no lower clip.
+    'cispo': dict(advantage='grpo', policy_loss='cispo', eps_low=1.0,
+                  eps_high=0.28, aggregation='token-mean', kl='k3',
+                  kl_beta=0.0, dynamic_sampling=False),
+    # REINFORCE++-baseline: group mean out, batch-normalised; PPO clip.
+    'reinforce++': dict(advantage='reinforce++-baseline',
+                        policy_loss='ppo_clip', eps_low=0.2, eps_high=0.2,
+                        aggregation='token-mean', kl='k3', kl_beta=0.0,
+                        dynamic_sampling=False),
 }
 
 
@@ -55,7 +65,11 @@ def rl_block(variant: str, local: bool) -> ml_collections.ConfigDict:
       refill_rounds=2,  # DAPO: prompt batches drawn to replace dropped groups
       max_prompt_length=12 if local else 256,
       max_new_tokens=6 if local else 512,
-      temperature=1.0, top_p=1.0, top_k=0)
+      temperature=1.0, top_p=1.0, top_k=0,
+      # The rollout engine's log-probabilities against the trainer's:
+      # truncated importance weights min(pi_old / pi_rollout, tis_cap) on
+      # every token's loss (0: off), and mismatch/* metrics (on with TIS).
+      tis_cap=0.0, mismatch_metrics=False)
   block.update(VARIANTS[variant])
   return ml_collections.ConfigDict(block)
 

@@ -67,6 +67,9 @@ def validate(config: Any) -> None:
   optim.check(config.optimizer)
   setup.check_lora_block(config.lora)
   rl = config.rl
+  if rl.tis_cap < 0:
+    raise UsageError(f'--config.rl.tis_cap={rl.tis_cap} must be positive '
+                     '(or 0: no truncated importance sampling).')
   for kind, name in (('advantage', rl.advantage),
                      ('policy_loss', rl.policy_loss),
                      ('aggregation', rl.aggregation), ('kl', rl.kl)):
@@ -157,13 +160,17 @@ def step(parts: Parts, state: Any, index: int, preemption: Preemption,
         result, rl, rl.max_prompt_length + rl.max_new_tokens,
         parts.tokenizer.pad_id)
     extra = log_probs(parts, state, arrays)
+    weights, mismatch = phases.rollout_correction(
+        result, arrays, extra.get('old_logps'), rl)
   preemption.check(stop)
   with timer('train'):
-    batch = dict(phases.on_mesh(arrays, parts.plan.policy.mesh,
-                                config.sharding), **extra)
+    batch = dict(phases.on_mesh(dict(arrays, **weights),
+                                parts.plan.policy.mesh, config.sharding),
+                 **extra)
     state, update_metrics = phases.update(
         state, parts.plan.policy.train_step, batch, rl,
         parts.plan.policy.mesh, config.sharding)
+    update_metrics.update(mismatch)
   with timer('weight_sync'):
     parts.sampler.update_weights(state.params)
   return state, phases.step_metrics(result, update_metrics, timer,
@@ -303,7 +310,8 @@ def batch_shapes(config: Any, count: int, mesh: Any,
   length = rl.max_prompt_length + rl.max_new_tokens
   group = batch_lib.Group([0], '', [[0]] * rl.num_generations,
                           [False] * rl.num_generations,
-                          np.zeros(rl.num_generations), {})
+                          np.zeros(rl.num_generations), {},
+                          [[0.0]] * rl.num_generations)
   arrays = batch_lib.to_arrays([group], [1.0], length, 0,
                                registry.get('advantage', rl.advantage))
   shapes = {k: ((count,) + v.shape[1:], v.dtype) for k, v in arrays.items()

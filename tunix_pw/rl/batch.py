@@ -29,6 +29,7 @@ class Group:
   truncated: list[bool]
   rewards: np.ndarray  # [G] total
   per_reward: dict[str, np.ndarray]  # name -> [G]
+  logprobs: list[list[float]]  # G: the rollout engine's, per token
   dataset: str = ''  # a mixture's dataset name ('' without a mixture)
 
   @property
@@ -56,6 +57,21 @@ def to_arrays(groups: Sequence[Group], weights: Sequence[float],
               weights=np.asarray(row_weights, np.float32))
 
 
+def rollout_logps(groups: Sequence[Group], length: int) -> np.ndarray:
+  """[N, length - 1]: the rollout engine's log-probability of each next
+  token, laid out like the trainer's (`loss.token_logps`): the completion
+  token at position p is predicted at p - 1."""
+  out = np.zeros((sum(len(g.completions) for g in groups), length - 1),
+                 np.float32)
+  row = 0
+  for group in groups:
+    for logprobs in group.logprobs:
+      start = len(group.prompt) - 1
+      out[row, start:start + len(logprobs)] = logprobs
+      row += 1
+  return out
+
+
 def rollout(sampler: Any, data: Iterator[list[dict[str, Any]]],
             tokenizer: Any, rl: Any, weights: dict[str, Any],
             sampling: Callable[[int], Any]
@@ -74,11 +90,13 @@ def rollout(sampler: Any, data: Iterator[list[dict[str, Any]]],
     out = sampler.generate(
         [p['prompt'] for p in prompts for _ in range(rl.num_generations)],
         sampling(counts['rounds']))
-    tokens, lengths = fetch((out.tokens, out.lengths))
+    tokens, logprobs, lengths = fetch((out.tokens, out.logprobs,
+                                       out.lengths))
     counts['generated'] += int(lengths.sum())
     for i, prompt in enumerate(prompts):
       rows = range(i * rl.num_generations, (i + 1) * rl.num_generations)
       completions = [tokens[r, :lengths[r]].tolist() for r in rows]
+      completion_logprobs = [logprobs[r, :lengths[r]].tolist() for r in rows]
       truncated = [not c or c[-1] not in tokenizer.stop_ids
                    for c in completions]
       samples = [rewards_lib.Sample(
@@ -92,7 +110,7 @@ def rollout(sampler: Any, data: Iterator[list[dict[str, Any]]],
                                                 rl.strict_rewards)
       counts['reward_errors'] += errors
       group = Group(prompt['prompt'], prompt['answer'], completions,
-                    truncated, total, per_fn, dataset)
+                    truncated, total, per_fn, completion_logprobs, dataset)
       if rl.dynamic_sampling and not group.informative:
         counts['dropped'] += 1
         continue

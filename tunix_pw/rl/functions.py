@@ -1,5 +1,6 @@
-"""The GRPO family's math: advantages, policy losses, loss aggregation and
-KL estimators, as small registered functions of arrays.
+"""The policy-gradient family's math: advantages, policy losses, loss
+aggregation, KL estimators and the rollout/trainer mismatch correction, as
+small registered functions of arrays.
 
 Shapes: rewards [P, G] (P prompts, G generations each); per-token arrays
 [N, T] over N = P * G sequences, `mask` marking completion tokens.
@@ -40,6 +41,25 @@ def rloo_advantage(rewards: jax.Array) -> jax.Array:
   return rewards - others
 
 
+def _whiten(x: jax.Array) -> jax.Array:
+  return (x - x.mean()) / (x.std() + EPS)
+
+
+@register('advantage', 'reinforce++')
+def reinforce_pp_advantage(rewards: jax.Array) -> jax.Array:
+  """REINFORCE++ (Hu et al. 2025, arXiv 2501.03262, eq. 9-10): no critic
+  and no group baseline; the rewards normalised over the whole batch."""
+  return _whiten(rewards)
+
+
+@register('advantage', 'reinforce++-baseline')
+def reinforce_pp_baseline_advantage(rewards: jax.Array) -> jax.Array:
+  """REINFORCE++-baseline (arXiv 2501.03262, sec. 3.3): the group mean
+  subtracted, then normalised over the whole batch (a batch std, not a
+  group std: no blow-up on groups of nearly equal rewards)."""
+  return _whiten(drgrpo_advantage(rewards))
+
+
 # ------------------------------------------------------------ policy losses
 
 
@@ -71,6 +91,45 @@ def gspo_token(logp, old_logp, advantages, mask, eps_low: float,
   unclipped = ratio * adv
   clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
   return -jnp.minimum(unclipped, clipped), (clipped < unclipped)
+
+
+@register('policy_loss', 'cispo')
+def cispo(logp, old_logp, advantages, mask, eps_low: float,
+          eps_high: float):
+  """CISPO (MiniMax-M1, arXiv 2506.13585, eq. 4-5): the importance weight
+  is clipped and stopped, never the token: -sg(clip(r, 1 - eps_low,
+  1 + eps_high)) A log pi, so every token keeps its gradient."""
+  del mask
+  ratio = jnp.exp(logp - old_logp)
+  weight = jax.lax.stop_gradient(jnp.clip(ratio, 1.0 - eps_low,
+                                          1.0 + eps_high))
+  outside = (ratio < 1.0 - eps_low) | (ratio > 1.0 + eps_high)
+  return -weight * advantages[:, None] * logp, outside
+
+
+# ------------------------------------------- rollout/trainer mismatch (TIS)
+
+
+def tis_weights(trainer_logp, rollout_logp, mask, cap: float):
+  """Truncated importance sampling (Yao et al. 2025, "Your Efficient RL
+  Framework Secretly Brings You Off-Policy RL Training"): the rollout
+  engine sampled from pi_rollout, the trainer's gradient assumes pi_old;
+  each token's loss is weighted by min(pi_old / pi_rollout, cap)."""
+  return jnp.minimum(jnp.exp(trainer_logp - rollout_logp), cap) * mask
+
+
+def mismatch(trainer_logp, rollout_logp, mask) -> dict[str, jax.Array]:
+  """How far the rollout engine's token log-probabilities are from the
+  trainer's: KL(pi_rollout || pi_old) by the k3 estimator over the sampled
+  tokens, and quantiles of the ratio pi_old / pi_rollout."""
+  d = trainer_logp - rollout_logp
+  live = mask > 0
+  kl = jnp.where(live, jnp.expm1(d) - d, 0.0).sum() / jnp.maximum(
+      live.sum(), 1)
+  q = jnp.nanquantile(jnp.where(live, jnp.exp(d), jnp.nan),
+                      jnp.array([0.05, 0.5, 0.95]))
+  return {'mismatch/kl': kl, 'mismatch/ratio_p05': q[0],
+          'mismatch/ratio_p50': q[1], 'mismatch/ratio_p95': q[2]}
 
 
 # -------------------------------------------------------------- aggregation

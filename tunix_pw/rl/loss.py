@@ -39,6 +39,8 @@ def rl_loss(model, batch, rng, *, rl: Any, shard: Sharder = Sharder()):
   old = batch.get('old_logps', jax.lax.stop_gradient(logp))
   per_token, clipped = registry.get('policy_loss', rl.policy_loss)(
       logp, old, batch['advantages'], mask, rl.eps_low, rl.eps_high)
+  if 'tis_weights' in batch:  # the rollout engine's tokens, reweighted
+    per_token = per_token * batch['tis_weights']
   kl = jnp.zeros_like(logp)
   if 'ref_logps' in batch:
     kl = registry.get('kl', rl.kl)(logp, batch['ref_logps'])

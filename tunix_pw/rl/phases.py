@@ -4,7 +4,8 @@
             them (scoring runs inside the rollout: dynamic sampling decides
             on scores which groups to replace)
   batch     advantages and the training arrays, on the actor mesh
-  logps     the frozen reference's and the rollout policy's log-probs
+  logps     the frozen reference's and the rollout policy's log-probs,
+            and how far the rollout engine's are from the trainer's
   update    mini-batch updates (num_iterations passes over the rollout)
   sync      the new weights to the rollout engine (the runtime's reshard)
   metrics   one step's scalars
@@ -24,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tunix_pw.rl import batch as batch_lib, registry
+from tunix_pw.rl import batch as batch_lib, functions, registry
 from tunix_pw.runtime import reshard, sharding
 from tunix_pw.runtime.fetch import fetch
 from tunix_pw.sampling.rollout import SamplingConfig
@@ -92,6 +93,25 @@ def chunked_logps(program: Callable, state: Any, arrays: dict[str, Any],
       for i in range(0, len(sequences['tokens']), size)])
 
 
+def rollout_correction(result: Rollout, arrays: dict[str, np.ndarray],
+                       old_logps: jax.Array | None, rl: Any
+                       ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+  """The rollout engine's log-probabilities against the trainer's at
+  rollout time (`old_logps`): mismatch metrics, and with
+  --config.rl.tis_cap each token's truncated importance weight."""
+  if old_logps is None or not (rl.tis_cap or rl.mismatch_metrics):
+    return {}, {}
+  old = fetch(old_logps)
+  rollout = batch_lib.rollout_logps(result.groups, old.shape[1] + 1)
+  mask = arrays['loss_mask'][:, 1:] * (arrays['weights'][:, None] > 0)
+  values = {k: float(v) for k, v in
+            fetch(functions.mismatch(old, rollout, mask)).items()}
+  if not rl.tis_cap:
+    return {}, values
+  weights = functions.tis_weights(old, rollout, mask, rl.tis_cap)
+  return {'tis_weights': np.asarray(weights, np.float32)}, values
+
+
 def to_actor(extra: dict[str, jax.Array], actor_mesh: Any, rules: Any,
              runtime: Any, budget: reshard.Budget) -> dict[str, jax.Array]:
   """Log-probabilities onto the actor mesh, sharded like their batch."""
@@ -151,8 +171,8 @@ def dataset_metrics(real: list[batch_lib.Group],
 def step_metrics(result: Rollout, update_metrics: dict[str, float],
                  timer: Timer, sync: reshard.Stats | None,
                  reward_weights: dict[str, Any]) -> dict[str, float]:
-  """One step's scalars: the update's, timings, rollout counts, rewards
-  (per dataset too, for a mixture)."""
+  """One step's scalars: the update's (mismatch metrics included), timings,
+  rollout counts, rewards (per dataset too, for a mixture)."""
   real, counts = result.real, result.counts
   rewards = np.concatenate([g.rewards for g in real]) if real else np.zeros(1)
   names = {n: w for weights in reward_weights.values() for n, w in weights}

@@ -35,13 +35,16 @@ def make_logps(config: Any, mesh, graphdef):
       b['segment_ids'], shard)[0])
 
 
-def logps_keys(rl: Any) -> tuple[str, ...]:
-  """The log-probabilities an update needs: the reference's (for the KL
-  term) and the rollout policy's (when a rollout feeds several updates)."""
+def needed_keys(rl: Any) -> tuple[str, ...]:
+  """The per-token arrays an update needs beyond the rollout's: the
+  reference's log-probabilities (for the KL term), the trainer's at rollout
+  time (when a rollout feeds several updates, or to compare with the
+  rollout engine's), and truncated importance weights."""
   samples = rl.prompts_per_step * rl.num_generations
   return (('ref_logps',) if rl.kl_beta else ()) + (
       ('old_logps',) if rl.num_iterations > 1 or rl.mini_batch_size < samples
-      else ())
+      or rl.tis_cap or rl.mismatch_metrics else ()) + (
+          ('tis_weights',) if rl.tis_cap else ())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +56,7 @@ class Plan:
   policy: program.Program
   rollout_shardings: Any  # the whole model's, on the rollout mesh
   sync: reshard.Budget  # --config.runtime.reshard_group_mib, max_inflight
-  needed: tuple[str, ...]  # the log-probabilities an update needs
+  needed: tuple[str, ...]  # the per-token arrays an update needs
   logps: Callable[[Any], Any]  # mesh -> its jitted log-probability program
 
 
@@ -67,6 +70,6 @@ def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
       total_updates=total_updates(config), abstract=abstract)
   return Plan(policy, checkpoints.param_shardings(
       nnx.state(policy.model()), meshes['rollout'], config.sharding),
-              reshard.Budget.from_block(config.runtime), logps_keys(rl),
+              reshard.Budget.from_block(config.runtime), needed_keys(rl),
               functools.cache(lambda mesh: make_logps(
                   config, mesh, policy.full_graphdef)))
