@@ -8,8 +8,8 @@ import ml_collections
 import pytest
 
 from tests import helpers
-from tunix_pw.configs import dpo as dpo_config
-from tunix_pw.jobs import dpo
+from tunix_pw.configs import dpo as dpo_config, ppo as ppo_config
+from tunix_pw.jobs import dpo, ppo
 from tunix_pw.models import presets
 from tunix_pw.runtime import meshes
 from tunix_pw.train import setup
@@ -147,3 +147,40 @@ def test_a_trained_workdir_gives_its_models_architecture(tmp_path):
   assert setup.architecture(block) == presets.PRESETS['tiny-gemma3']
   block.checkpoint = ''
   assert setup.architecture(block) == presets.PRESETS['gemma3-1b']
+
+
+def test_ppo_counts_its_critic_on_its_own_devices(tmp_path):
+  """PPO through main: the critic's train step and values pass compile on
+  the critic's devices, its parameters and optimizer state resident there;
+  the policy trains on per-token advantages."""
+  result = helpers.run_main(
+      '--config=tunix_pw/configs/ppo.py:tiny-gemma3',
+      '--config.rl.prompts_per_step=32', '--config.rl.mini_batch_size=32',
+      '--config.rl.micro_batch_size=8', '--config.rl.logps_micro_batch_size=8',
+      '--config.rl.max_prompt_length=32',
+      '--config.rl.max_new_tokens=32', '--config.meshes.actor.axes=fsdp=4',
+      '--config.meshes.actor.devices=0:4',
+      '--config.meshes.reference.axes=fsdp=4',
+      '--config.meshes.critic.devices=4:8', '--compile_topology=v5litepod-16',
+      f'--workdir={tmp_path}', timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  report = json.loads((tmp_path / 'compile_report.json').read_text())
+  groups = {tuple(g['roles']): g for g in report['groups']}
+  critic = groups[('critic',)]
+  assert critic['devices'] == [4, 5, 6, 7]
+  assert set(critic['phases']) == {'critic train step', 'critic values'}
+  assert set(critic['resident']) == {'critic params', 'critic optimizer'}
+  # The same decoder without its (tied) LM head, plus a [D, 1] head.
+  actor = groups[('actor', 'reference')]
+  assert 0 < critic['resident']['critic params'] - actor['resident'][
+      'params'] < 4096
+  assert {'train step', 'old logps', 'reference logps'} <= set(
+      actor['phases'])
+
+
+def test_a_shared_critic_is_resident_beside_the_actor():
+  config = ppo_config.get_config('runlocal')
+  config.meshes.critic.devices = 'actor'
+  plan = ppo.compile_plan(config, meshes.build(config.meshes, jax.devices()))
+  assert {'params', 'optimizer', 'reference', 'critic params',
+          'critic optimizer'} <= set(plan.resident['actor'])

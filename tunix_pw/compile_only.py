@@ -115,9 +115,10 @@ def batch_on(mesh: Any, rules: Any,
 
 
 def train_phase(train_step: Any, state: Any, frozen: Any,
-                batch: dict[str, Any]) -> Phase:
-  """The actor's train step (made by `train.step.make_step`) on `batch`."""
-  return Phase('train step', 'actor',
+                batch: dict[str, Any], name: str = 'train step',
+                role: str = 'actor') -> Phase:
+  """A train step (made by `train.step.make_step`) on `batch`."""
+  return Phase(name, role,
                lambda: [train_step.func.lower(state, batch,
                                               frozen=frozen).compile()],
                resident_args=per_device((state, frozen)))

@@ -60,7 +60,7 @@ def test_compile_plan_lowers_what_the_run_compiles():
                                           'tis_weights')
   arrays, batch = run_batch(c, ran)
   shapes = grpo.batch_shapes(c, c.rl.mini_batch_size, checked.policy.mesh,
-                             logps_names=checked.needed)
+                             token_names=checked.needed)
   assert signature(shapes) == signature(batch)
   assert signature(checked.policy.state) == signature(ran.policy.state)
 
@@ -72,11 +72,11 @@ def test_compile_plan_lowers_what_the_run_compiles():
       ran, ran.policy.state, batch)
   # The log-probability program, on rows as phases.chunked_logps cuts them.
   actor, size = ran.policy.mesh, c.rl.logps_micro_batch_size
-  rows = phases.on_mesh({k: arrays[k][:size] for k in grpo.SEQUENCES}, actor,
+  rows = phases.on_mesh({k: arrays[k][:size] for k in phases.SEQUENCES}, actor,
                         c.sharding)
   assert checked.logps(actor).lower(
       nnx.state(checked.policy.model()),
-      grpo.batch_shapes(c, size, actor, grpo.SEQUENCES)).as_text() == (
+      grpo.batch_shapes(c, size, actor, phases.SEQUENCES)).as_text() == (
           ran.logps(actor).lower(nnx.state(ran.policy.model()),
                                  rows).as_text())
   assert checked.rollout_shardings == ran.rollout_shardings

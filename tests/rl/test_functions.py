@@ -169,3 +169,40 @@ def test_unknown_names_are_config_errors():
     registry.check('policy_loss', 'ppo', '--config.rl.policy_loss')
   assert registry.names('advantage') == [
       'drgrpo', 'grpo', 'reinforce++', 'reinforce++-baseline', 'rloo']
+
+
+def test_gae_over_the_completion_tokens():
+  # GAE (Schulman et al. 2016, arXiv 1506.02438), eq. 16, by hand with
+  # gamma 0.9, lambda 0.8 over completion tokens 1..3 (0: prompt, 4: pad):
+  # d3 = 1 - .7 = .3; d2 = .9 * .7 - .6 = .03; d1 = .9 * .6 - .5 = .04;
+  # A3 = .3, A2 = .03 + .72 * .3 = .246, A1 = .04 + .72 * .246 = .21712.
+  rewards = jnp.array([[0.0, 0.0, 0.0, 1.0, 0.0], [0.0, 2.0, 0.0, 0.0, 0.0]])
+  values = jnp.array([[9.0, 0.5, 0.6, 0.7, 9.0], [9.0, 1.5, 9.0, 9.0, 9.0]])
+  mask = jnp.array([[0.0, 1.0, 1.0, 1.0, 0.0], [0.0, 1.0, 0.0, 0.0, 0.0]])
+  adv, returns = f.gae(rewards, values, mask, 0.9, 0.8)
+  np.testing.assert_allclose(adv, [[0, 0.21712, 0.246, 0.3, 0],
+                                   [0, 0.5, 0, 0, 0]], atol=1e-6)
+  np.testing.assert_allclose(returns, [[0, 0.71712, 0.846, 1.0, 0],
+                                       [0, 2.0, 0, 0, 0]], atol=1e-6)
+  # gamma = lambda = 1: every token's return is the episode's reward.
+  _, returns = f.gae(rewards, values, mask, 1.0, 1.0)
+  np.testing.assert_allclose(returns * mask, mask * jnp.array([[1.0], [2.0]]),
+                             atol=1e-6)
+
+
+def test_clipped_value_loss_and_whitening():
+  # PPO's value clipping (as in OpenAI baselines ppo2): 0.5 max((V - R)^2,
+  # (V_old + clip(V - V_old, -c, c) - R)^2). Token 0: max(1, .49) = 1;
+  # token 1: max(1, (.7 - 3)^2 = 5.29), the clipped term.
+  loss, clipped = f.value_loss(jnp.array([1.0, 2.0]), jnp.array([0.5, 0.5]),
+                               jnp.array([0.0, 3.0]), 0.2)
+  np.testing.assert_allclose(loss, [0.5, 2.645], rtol=1e-6)
+  assert clipped.tolist() == [False, True]
+  unclipped, _ = f.value_loss(jnp.array([1.0, 2.0]), jnp.array([0.5, 0.5]),
+                              jnp.array([0.0, 3.0]), 0.0)
+  np.testing.assert_allclose(unclipped, [0.5, 0.5], rtol=1e-6)
+  # Whitening over the masked entries only: mean 2, variance 2/3.
+  white = f.whiten(jnp.array([1.0, 2.0, 3.0, 100.0]),
+                   jnp.array([1.0, 1.0, 1.0, 0.0]))
+  np.testing.assert_allclose(white, [-np.sqrt(1.5), 0, np.sqrt(1.5), 0],
+                             rtol=1e-5)

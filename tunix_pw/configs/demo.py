@@ -7,6 +7,11 @@ FSDP step costs 3x a data-parallel one) and stops once the model is right
 about a third to a half of the time, so that RL has room to show.
 
   python -m tunix_pw.main --config=tunix_pw/configs/demo.py --workdir=/tmp/demo
+  python -m tunix_pw.main --config=tunix_pw/configs/demo.py:ppo \
+      --workdir=/tmp/demo_ppo
+
+`:ppo` runs PPO with a critic instead of GRPO, on the same budget: 200
+steps of 256 samples (one per prompt; the critic is the baseline).
 
 Prints the held-out greedy accuracy (500 problems disjoint from training,
 95% interval) after SFT and after GRPO, and writes progress.png.
@@ -14,17 +19,19 @@ Prints the held-out greedy accuracy (500 problems disjoint from training,
 
 import ml_collections
 
-from tunix_pw.configs import common, grpo, sft
+from tunix_pw.configs import common, grpo, ppo, sft
 
 ACTOR = ('fsdp=4', '0:4')
 ROLLOUT = ('fsdp=1,tp=4', '4:8')
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  del arg
+  rl = arg or 'grpo'
+  if rl not in ('grpo', 'ppo'):
+    raise ValueError(f'unknown RL stage {rl!r}; use grpo or ppo')
   c = ml_collections.ConfigDict()
   c.job = 'pipeline'
-  c.stages = ('sft', 'grpo')
+  c.stages = ('sft', rl)
 
   c.sft = sft.get_config('runlocal')
   # SFT stops at the first evaluation (every 25 steps) at or above 35%
@@ -56,8 +63,26 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.grpo.checkpoint.every = 0
   c.grpo.meshes = common.meshes('disaggregated', actor=ACTOR,
                                 rollout=ROLLOUT)
+  if rl == 'ppo':
+    c.ppo = ppo_stage(c.grpo)
+    del c.grpo
 
   c.runtime = common.runtime(host_device_count=8)
   c.meshes = common.meshes('disaggregated', actor=ACTOR, rollout=ROLLOUT)
   c.sharding = common.sharding()
+  return c
+
+
+def ppo_stage(same: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """PPO on the GRPO stage's budget (steps, samples per step and update,
+  learning rate, evaluation), one sample per prompt, no KL (as GRPO)."""
+  c = ppo.get_config('runlocal')
+  for field in ('steps', 'eval_every', 'log_every', 'optimizer',
+                'checkpoint'):
+    c[field] = same[field]
+  c.rl.update(prompts_per_step=256, mini_batch_size=256, micro_batch_size=64,
+              logps_micro_batch_size=128, kl_beta=0.0)
+  c.critic.warmup_steps = 5
+  c.meshes = common.meshes('disaggregated', actor=ACTOR, rollout=ROLLOUT,
+                           critic=(ACTOR[0], 'actor'))
   return c

@@ -19,6 +19,7 @@ _JOBS = {
     'generate': 'tunix_pw.jobs.generate',
     'grpo': 'tunix_pw.jobs.grpo',
     'pipeline': 'tunix_pw.jobs.pipeline',
+    'ppo': 'tunix_pw.jobs.ppo',
     'sft': 'tunix_pw.jobs.sft',
     'smoke': 'tunix_pw.jobs.smoke',
 }

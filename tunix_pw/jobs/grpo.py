@@ -70,12 +70,20 @@ def validate(config: Any) -> None:
   if rl.tis_cap < 0:
     raise UsageError(f'--config.rl.tis_cap={rl.tis_cap} must be positive '
                      '(or 0: no truncated importance sampling).')
-  for kind, name in (('advantage', rl.advantage),
-                     ('policy_loss', rl.policy_loss),
-                     ('aggregation', rl.aggregation), ('kl', rl.kl)):
+  kinds = [('policy_loss', rl.policy_loss), ('aggregation', rl.aggregation),
+           ('kl', rl.kl)]
+  if rl.advantage != phases.GAE:
+    kinds.append(('advantage', rl.advantage))
+  elif config.job != 'ppo':
+    raise UsageError('--config.rl.advantage=gae needs a critic: train with '
+                     'tunix_pw/configs/ppo.py.')
+  for kind, name in kinds:
     registry.check(kind, name, f'--config.rl.{kind}')
   samples = rl.prompts_per_step * rl.num_generations
-  if rl.num_generations < 2:
+  if rl.dynamic_sampling and rl.num_generations < 2:
+    raise UsageError('--config.rl.dynamic_sampling drops groups of equal '
+                     'rewards; it needs --config.rl.num_generations >= 2.')
+  if rl.num_generations < (1 if rl.advantage == phases.GAE else 2):
     raise UsageError('--config.rl.num_generations must be at least 2 (a '
                      'group needs others to compare with).')
   if samples % rl.mini_batch_size or rl.mini_batch_size % rl.micro_batch_size:
@@ -146,11 +154,13 @@ def log_probs(parts: Parts, state: Any,
                          programs.sync)
 
 
-def step(parts: Parts, state: Any, index: int, preemption: Preemption,
-         stop: Callable[[], None]
-         ) -> tuple[Any, dict[str, float], phases.Rollout]:
-  """One RL step, phase by phase, with preemption checks between them."""
-  config, rl, timer = parts.config, parts.config.rl, phases.Timer()
+def rollout_and_logps(parts: Parts, state: Any, index: int,
+                      preemption: Preemption, stop: Callable[[], None],
+                      timer: phases.Timer):
+  """A step's phases up to the update: the scored rollout, its training
+  arrays (with any TIS weights, on the host), the log-probabilities the
+  update needs (on the actor mesh) and the mismatch metrics."""
+  config, rl = parts.config, parts.config.rl
   with timer('rollout'):
     result = phases.rollout(parts.sampler, parts.data, parts.tokenizer, rl,
                             parts.reward_weights, config.seed, index)
@@ -163,34 +173,54 @@ def step(parts: Parts, state: Any, index: int, preemption: Preemption,
     weights, mismatch = phases.rollout_correction(
         result, arrays, extra.get('old_logps'), rl)
   preemption.check(stop)
+  return result, dict(arrays, **weights), extra, mismatch
+
+
+def update_policy(parts: Parts, state: Any, arrays: dict[str, np.ndarray],
+                  extra: dict[str, Any]) -> tuple[Any, dict[str, float]]:
+  """The policy's mini-batch updates on the actor mesh."""
+  config, mesh = parts.config, parts.plan.policy.mesh
+  batch = dict(phases.on_mesh(arrays, mesh, config.sharding), **extra)
+  return phases.update(state, parts.plan.policy.train_step, batch,
+                       config.rl, mesh, config.sharding)
+
+
+def step(parts: Parts, state: Any, index: int, preemption: Preemption,
+         stop: Callable[[], None]
+         ) -> tuple[Any, dict[str, float], phases.Rollout]:
+  """One RL step, phase by phase, with preemption checks between them."""
+  timer = phases.Timer()
+  result, arrays, extra, mismatch = rollout_and_logps(
+      parts, state, index, preemption, stop, timer)
   with timer('train'):
-    batch = dict(phases.on_mesh(dict(arrays, **weights),
-                                parts.plan.policy.mesh, config.sharding),
-                 **extra)
-    state, update_metrics = phases.update(
-        state, parts.plan.policy.train_step, batch, rl,
-        parts.plan.policy.mesh, config.sharding)
-    update_metrics.update(mismatch)
+    state, update_metrics = update_policy(parts, state, arrays, extra)
   with timer('weight_sync'):
     parts.sampler.update_weights(state.params)
-  return state, phases.step_metrics(result, update_metrics, timer,
-                                    parts.sampler.last_sync,
+  return state, phases.step_metrics(result, dict(update_metrics, **mismatch),
+                                    timer, parts.sampler.last_sync,
                                     parts.reward_weights), result
 
 
-def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
-        workdir: str, preemption: Preemption) -> None:
+def build(config: Any, runtime: backend.Runtime,
+          meshes: meshes_lib.RoleMeshes) -> tuple[Parts, dict[str, Any]]:
+  """A run's parts and its held-out sets."""
   programs = plan_lib.plan(config, meshes, abstract=False)
   tokenizer = setup.tokenizer(config.model)
   sampler = rollout_engine(config, programs, tokenizer, meshes, runtime)
   reference = (scoring.reference(config, programs.policy, meshes, runtime)
                if 'ref_logps' in programs.needed else None)
   data, heldout, reward_weights = prompts(config, runtime, tokenizer)
-  parts = Parts(config, runtime, programs, sampler, reference, tokenizer, data,
-                reward_weights)
-  state = train(parts, heldout, workdir, preemption)
+  return Parts(config, runtime, programs, sampler, reference, tokenizer,
+               data, reward_weights), heldout
+
+
+def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
+        workdir: str, preemption: Preemption) -> None:
+  parts, heldout = build(config, runtime, meshes)
+  state = train(parts, heldout, workdir, preemption, parts.plan.policy.state,
+                step)
   if config.export:
-    setup.export(config, programs.policy.model(state.params))
+    setup.export(config, parts.plan.policy.model(state.params))
 
 
 def prompts(config: Any, runtime: backend.Runtime, tokenizer: Any):
@@ -246,12 +276,13 @@ def evaluate_sets(parts: Parts, heldout: dict[str, Any]) -> dict[str, float]:
 
 
 def train(parts: Parts, heldout: dict[str, Any], workdir: str,
-          preemption: Preemption) -> Any:
-  """The loop: resume, steps (metrics, samples, evaluation, checkpoints),
-  the final evaluation; returns the final train state."""
+          preemption: Preemption, state: Any, step_fn: Callable,
+          name: str = 'grpo') -> Any:
+  """The loop from `state` (whose `.params` are the policy's): resume,
+  steps (`step_fn`, as `step`: metrics, samples, evaluation, checkpoints),
+  the final evaluation; returns the final state."""
   config, runtime, sampler = parts.config, parts.runtime, parts.sampler
-  session = loop.Session('grpo', config, runtime, workdir,
-                         parts.plan.policy.state, parts.data)
+  session = loop.Session(name, config, runtime, workdir, state, parts.data)
   if session.start:
     sampler.update_weights(session.state.params)
   writer = session.writer
@@ -268,17 +299,20 @@ def train(parts: Parts, heldout: dict[str, Any], workdir: str,
 
   if config.eval_examples and session.start == 0:
     evaluate_now(0)
-  with console.Progress(config.steps - session.start, 'grpo',
+  with console.Progress(config.steps - session.start, name,
                         enabled=runtime.is_coordinator) as bar:
+    announced = False
     for index in range(session.start, config.steps):
       done = index + 1
-      session.state, values, result = step(
+      session.state, values, result = step_fn(
           parts, session.state, index, preemption,
           functools.partial(stop_mid_step, index, parts.data.state()))
-      if index == session.start and runtime.is_coordinator:
-        print(f'grpo: weight sync by {sampler.last_sync.path}, '
-              f'{sampler.last_sync.bytes / 2**20:.1f} MiB in '
-              f'{sampler.last_sync.groups} groups', flush=True)
+      synced = sampler.last_sync  # none while PPO's critic warms up
+      if synced and not announced and runtime.is_coordinator:
+        announced = True
+        print(f'{name}: weight sync by {synced.path}, '
+              f'{synced.bytes / 2**20:.1f} MiB in {synced.groups} groups',
+              flush=True)
       loop.check_finite(values, config.optimizer.max_nonfinite_steps, done)
       if done % config.log_every == 0 or done == config.steps:
         writer.write(done, values)
@@ -294,29 +328,29 @@ def train(parts: Parts, heldout: dict[str, Any], workdir: str,
   result = evaluate_now(config.steps) if config.eval_examples else {}
   session.close()
   if runtime.is_coordinator and result:
-    print(evaluate.summary('grpo', result))
+    print(evaluate.summary(name, result))
   return session.state
 
-
-SEQUENCES = ('tokens', 'positions', 'segment_ids')
 
 
 def batch_shapes(config: Any, count: int, mesh: Any,
                  keys: tuple[str, ...] | None = None,
-                 logps_names: tuple[str, ...] = ()) -> dict[str, Any]:
-  """`count` rows of the arrays a step trains on (all, or `keys`), as
-  shapes split over `mesh` like the run's."""
+                 token_names: tuple[str, ...] = ()) -> dict[str, Any]:
+  """`count` rows of the arrays a step trains on (all, or `keys`, and the
+  per-token float arrays `token_names`), as shapes split over `mesh` like
+  the run's."""
   rl = config.rl
   length = rl.max_prompt_length + rl.max_new_tokens
   group = batch_lib.Group([0], '', [[0]] * rl.num_generations,
                           [False] * rl.num_generations,
                           np.zeros(rl.num_generations), {},
                           [[0.0]] * rl.num_generations)
-  arrays = batch_lib.to_arrays([group], [1.0], length, 0,
-                               registry.get('advantage', rl.advantage))
+  arrays = batch_lib.to_arrays(
+      [group], [1.0], length, 0, None if rl.advantage == phases.GAE
+      else registry.get('advantage', rl.advantage))
   shapes = {k: ((count,) + v.shape[1:], v.dtype) for k, v in arrays.items()
             if keys is None or k in keys}
-  shapes.update({k: ((count, length - 1), np.float32) for k in logps_names})
+  shapes.update({k: ((count, length - 1), np.float32) for k in token_names})
   return compile_only.batch_on(mesh, config.sharding, shapes)
 
 
@@ -370,12 +404,13 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
 
   def lower_logps(mesh, params_state):
     return programs.logps(mesh).lower(params_state, batch_shapes(
-        config, rl.logps_micro_batch_size, mesh, SEQUENCES))
+        config, rl.logps_micro_batch_size, mesh, phases.SEQUENCES))
 
   plan_phases = [
       program.train_phase(policy, batch_shapes(
           config, rl.mini_batch_size, policy.mesh,
-          logps_names=programs.needed)),
+          token_names=programs.needed + (
+              ('advantages',) if rl.advantage == phases.GAE else ()))),
       rollout_phase(config, rollout_model, rollout_mesh),
       *sync_phases(config, programs, rollout_mesh)]
   resident = {'actor': program.resident(policy),

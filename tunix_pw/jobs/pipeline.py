@@ -85,6 +85,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
       print(f'pipeline: after {name}: held-out accuracy '
             f'{r["eval/accuracy"]:.1%} (95% CI {r["eval/ci_low"]:.1%}-'
             f'{r["eval/ci_high"]:.1%}, n={int(r["eval/total"])})')
-    rl_stages = [n for n in config.stages if config[n].job == 'grpo']
+    rl_stages = [n for n in config.stages
+                 if config[n].job in ('grpo', 'ppo')]
     if rl_stages:
       print(f'pipeline: plot {plot(workdir, rl_stages[-1])}')

@@ -149,6 +149,31 @@ class Decoder(nnx.Module):
     with `last_only`: a prefill needs no others) and the updated cache (or
     None)."""
     cfg = self.cfg
+    x, cache = self.hidden(tokens, positions, segment_ids, cache, cache_slot,
+                           shard)
+    b, t = tokens.shape
+    if last_only:
+      x, t = x[:, -1:], 1
+    x2 = x.reshape(b * t, cfg.embed_dim)
+    if cfg.tie_embeddings:
+      logits = jnp.einsum('ND,VD->NV', x2,
+                          self.embedding[...].astype(self.dtype),
+                          preferred_element_type=jnp.float32)
+    else:
+      logits = jnp.einsum('ND,DV->NV', x2, self.lm_head[...].astype(
+          self.dtype), preferred_element_type=jnp.float32)
+    logits = logits.reshape(b, t, cfg.vocab_size)
+    if cfg.final_softcap:
+      logits = jnp.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+    return shard(logits, 'batch', None, 'vocab'), cache
+
+  def hidden(self, tokens: jax.Array, positions: jax.Array,
+             segment_ids: jax.Array, cache: Cache | None = None,
+             cache_slot: jax.Array | int = 0,
+             shard: Sharder = Sharder()) -> tuple[jax.Array, Cache | None]:
+    """The final-normed hidden states [B, T, D] (what the LM head and a
+    value head read) and the updated cache (or None)."""
+    cfg = self.cfg
     b, t = tokens.shape
     x = jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)
     if cfg.embed_scale:
@@ -175,26 +200,10 @@ class Decoder(nnx.Module):
       x, kv = self._run_group(group, x, positions, masks, group_cache,
                               cache_slot, shard)
       new_kv.append(kv)
-
-    x = self.final_norm(x)
-    if last_only:
-      x, t = x[:, -1:], 1
-    x2 = x.reshape(b * t, cfg.embed_dim)
-    if cfg.tie_embeddings:
-      logits = jnp.einsum('ND,VD->NV', x2,
-                          self.embedding[...].astype(self.dtype),
-                          preferred_element_type=jnp.float32)
-    else:
-      logits = jnp.einsum('ND,DV->NV', x2, self.lm_head[...].astype(
-          self.dtype), preferred_element_type=jnp.float32)
-    logits = logits.reshape(b, t, cfg.vocab_size)
-    if cfg.final_softcap:
-      logits = jnp.tanh(logits / cfg.final_softcap) * cfg.final_softcap
-    logits = shard(logits, 'batch', None, 'vocab')
     if cache is not None:
       cache = cache.replace(k=tuple(kv[0] for kv in new_kv),
                             v=tuple(kv[1] for kv in new_kv))
-    return logits, cache
+    return self.final_norm(x), cache
 
   def _run_group(self, group, x, positions, masks, group_cache, slot, shard):
     """Runs a group's repeats; its cache ((keys, values) per pattern

@@ -40,9 +40,10 @@ class Group:
 
 def to_arrays(groups: Sequence[Group], weights: Sequence[float],
               length: int, pad_id: int,
-              advantage: Callable) -> dict[str, np.ndarray]:
-  """tokens, loss_mask, segment_ids, positions [N, length]; advantages,
-  weights [N] (N = groups x G)."""
+              advantage: Callable | None) -> dict[str, np.ndarray]:
+  """tokens, loss_mask, segment_ids, positions [N, length]; weights and
+  (given an `advantage` of the group rewards) advantages [N] (N = groups x
+  G)."""
   rows, row_weights = [], []
   for group, weight in zip(groups, weights):
     for completion in group.completions:
@@ -50,11 +51,13 @@ def to_arrays(groups: Sequence[Group], weights: Sequence[float],
                        loss_mask=[0] * len(group.prompt) +
                        [1] * len(completion)))
       row_weights.append(weight)
-  rewards = np.stack([g.rewards for g in groups])  # [P, G]
-  advantages = np.asarray(advantage(jnp.asarray(rewards))).reshape(-1)
-  return dict(pipeline.pad_batch(rows, length, pad_id),
-              advantages=advantages.astype(np.float32),
-              weights=np.asarray(row_weights, np.float32))
+  out = dict(pipeline.pad_batch(rows, length, pad_id),
+             weights=np.asarray(row_weights, np.float32))
+  if advantage is not None:
+    rewards = np.stack([g.rewards for g in groups])  # [P, G]
+    out['advantages'] = np.asarray(advantage(jnp.asarray(
+        rewards))).reshape(-1).astype(np.float32)
+  return out
 
 
 def rollout_logps(groups: Sequence[Group], length: int) -> np.ndarray:

@@ -70,11 +70,17 @@ def ppo_clip(logp, old_logp, advantages, mask, eps_low: float,
   (DAPO's clip-higher, arXiv 2503.14476, eq. 8). Returns (loss [N, T],
   clipped [N, T])."""
   ratio = jnp.exp(logp - old_logp)
-  adv = advantages[:, None]
+  adv = per_token(advantages)
   unclipped = ratio * adv
   clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
   del mask
   return -jnp.minimum(unclipped, clipped), (clipped < unclipped)
+
+
+def per_token(advantages: jax.Array) -> jax.Array:
+  """[N] sequence advantages (the group family's) or [N, T] token ones
+  (PPO's GAE), broadcastable against [N, T]."""
+  return advantages if advantages.ndim == 2 else advantages[:, None]
 
 
 @register('policy_loss', 'gspo_token')
@@ -87,7 +93,7 @@ def gspo_token(logp, old_logp, advantages, mask, eps_low: float,
       mask.sum(-1), 1.0)
   seq = jnp.exp(jax.lax.stop_gradient(log_ratio))[:, None]
   ratio = seq * jnp.exp(logp - jax.lax.stop_gradient(logp))
-  adv = advantages[:, None]
+  adv = per_token(advantages)
   unclipped = ratio * adv
   clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
   return -jnp.minimum(unclipped, clipped), (clipped < unclipped)
@@ -104,7 +110,53 @@ def cispo(logp, old_logp, advantages, mask, eps_low: float,
   weight = jax.lax.stop_gradient(jnp.clip(ratio, 1.0 - eps_low,
                                           1.0 + eps_high))
   outside = (ratio < 1.0 - eps_low) | (ratio > 1.0 + eps_high)
-  return -weight * advantages[:, None] * logp, outside
+  return -weight * per_token(advantages) * logp, outside
+
+
+# ---------------------------------------------------------- PPO with a critic
+# Token-level arrays [N, T] over the completion tokens (`mask`); position t
+# holds the reward of choosing token t + 1 and V(s_t), the value of the
+# prefix through token t.
+
+
+def gae(rewards, values, mask, gamma: float, lam: float):
+  """Generalized advantage estimation (Schulman et al. 2016, arXiv
+  1506.02438, eq. 16): delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t +
+  gamma lambda A_{t+1}, with V and A zero after the last completion token.
+  Returns (advantages, returns = A + V), zero outside the mask."""
+
+  def back(carry, xs):
+    next_value, next_advantage = carry
+    r, v, m = xs
+    advantage = (r + gamma * next_value - v + gamma * lam * next_advantage)
+    return (v * m, advantage * m), advantage * m
+
+  _, advantages = jax.lax.scan(
+      back, (jnp.zeros(rewards.shape[0]), jnp.zeros(rewards.shape[0])),
+      (rewards.T, values.T, mask.T), reverse=True)
+  advantages = advantages.T
+  return advantages, (advantages + values) * mask
+
+
+def whiten(x, mask):
+  """x standardised over the masked entries of the whole batch (PPO's
+  advantage normalisation); zero outside the mask."""
+  count = jnp.maximum(mask.sum(), 1.0)
+  mean = (x * mask).sum() / count
+  var = (((x - mean) * mask) ** 2).sum() / count
+  return (x - mean) * jax.lax.rsqrt(var + 1e-8) * mask
+
+
+def value_loss(values, old_values, returns, clip: float):
+  """PPO's clipped value loss per token (Schulman et al. 2017, as in
+  OpenAI baselines' ppo2): 0.5 max((V - R)^2, (V_old + clip(V - V_old,
+  -c, c) - R)^2); c = 0 turns the clip off. Returns (loss, clipped)."""
+  plain = (values - returns) ** 2
+  if not clip:
+    return 0.5 * plain, jnp.zeros_like(plain, bool)
+  bounded = old_values + jnp.clip(values - old_values, -clip, clip)
+  clipped = (bounded - returns) ** 2
+  return 0.5 * jnp.maximum(plain, clipped), clipped > plain
 
 
 # ------------------------------------------- rollout/trainer mismatch (TIS)

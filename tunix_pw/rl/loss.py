@@ -1,4 +1,4 @@
-"""The policy-gradient loss of the GRPO family, assembled from the
+"""The policy-gradient loss of the GRPO family and PPO, assembled from the
 registered functions a config names."""
 
 from __future__ import annotations
@@ -42,9 +42,11 @@ def rl_loss(model, batch, rng, *, rl: Any, shard: Sharder = Sharder()):
   if 'tis_weights' in batch:  # the rollout engine's tokens, reweighted
     per_token = per_token * batch['tis_weights']
   kl = jnp.zeros_like(logp)
-  if 'ref_logps' in batch:
+  if 'ref_logps' in batch and not rl.get('kl_in_reward', False):
     kl = registry.get('kl', rl.kl)(logp, batch['ref_logps'])
     per_token = per_token + rl.kl_beta * kl
+  if rl.get('entropy_coef', 0.0):  # a bonus: higher entropy, lower loss
+    per_token = per_token - rl.entropy_coef * entropy
   aggregate = registry.get('aggregation', rl.aggregation)
   loss, weight = aggregate(per_token, mask, batch['weights'],
                            rl.max_new_tokens)

@@ -32,6 +32,10 @@ from tunix_pw.sampling.rollout import SamplingConfig
 from tunix_pw.train import metrics
 
 
+GAE = 'gae'  # rl.advantage of PPO: per-token advantages from its critic
+SEQUENCES = ('tokens', 'positions', 'segment_ids')  # a forward pass's input
+
+
 class Timer(dict):
   """Seconds per phase: `with timer('rollout'): ...`."""
 
@@ -78,15 +82,17 @@ def on_mesh(arrays: dict[str, Any], mesh: Any, rules: Any) -> dict[str, Any]:
 
 def training_arrays(result: Rollout, rl: Any, length: int,
                     pad_id: int) -> dict[str, np.ndarray]:
-  """tokens, masks, positions, advantages, weights per sample (host)."""
-  return batch_lib.to_arrays(result.groups, result.weights, length, pad_id,
-                             registry.get('advantage', rl.advantage))
+  """tokens, masks, positions, weights per sample (host), and the group
+  advantages (PPO's come later, from its critic)."""
+  return batch_lib.to_arrays(
+      result.groups, result.weights, length, pad_id,
+      None if rl.advantage == GAE else registry.get('advantage', rl.advantage))
 
 
 def chunked_logps(program: Callable, state: Any, arrays: dict[str, Any],
                   mesh: Any, rules: Any, size: int) -> jax.Array:
   """`program(state, rows)` over the sequences, `size` rows at a time."""
-  sequences = {k: arrays[k] for k in ('tokens', 'positions', 'segment_ids')}
+  sequences = {k: arrays[k] for k in SEQUENCES}
   return jnp.concatenate([
       program(state, on_mesh({k: v[i:i + size] for k, v in sequences.items()},
                              mesh, rules))

@@ -38,12 +38,14 @@ def make_logps(config: Any, mesh, graphdef):
 def needed_keys(rl: Any) -> tuple[str, ...]:
   """The per-token arrays an update needs beyond the rollout's: the
   reference's log-probabilities (for the KL term), the trainer's at rollout
-  time (when a rollout feeds several updates, or to compare with the
-  rollout engine's), and truncated importance weights."""
+  time (when a rollout feeds several updates, to compare with the rollout
+  engine's, or for PPO's KL reward penalty), and truncated importance
+  weights."""
   samples = rl.prompts_per_step * rl.num_generations
+  kl_reward = rl.kl_beta and rl.get('kl_in_reward', False)  # PPO's
   return (('ref_logps',) if rl.kl_beta else ()) + (
       ('old_logps',) if rl.num_iterations > 1 or rl.mini_batch_size < samples
-      or rl.tis_cap or rl.mismatch_metrics else ()) + (
+      or rl.tis_cap or rl.mismatch_metrics or kl_reward else ()) + (
           ('tis_weights',) if rl.tis_cap else ())
 
 

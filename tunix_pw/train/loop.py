@@ -19,6 +19,7 @@ from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.throttle import InflightThrottler
 from tunix_pw.train import metrics
 from tunix_pw.train.checkpoint import Checkpointer
+from tunix_pw.train.step import TrainState
 
 
 def resume(checkpointer: Checkpointer, state: Any, data: Any, name: str,
@@ -109,9 +110,10 @@ class Session:
   def save(self, step: int, data_state: Any = None) -> None:
     """A checkpoint of `state` at `step`, with the data position now (or
     `data_state`, where a step began); never of non-finite parameters."""
-    finite = jax.tree.reduce(jnp.logical_and, jax.tree.map(
-        lambda x: jnp.isfinite(x).all(), self.state.params))
-    if not bool(fetch(finite)):
+    trained = jax.tree.leaves(self.state, is_leaf=lambda x: isinstance(
+        x, TrainState))  # PPO's policy and critic, each on its mesh
+    if not all(fetch([jax.tree.reduce(jnp.logical_and, jax.tree.map(
+        lambda x: jnp.isfinite(x).all(), s.params)) for s in trained])):
       raise UsageError(f'the parameters at step {step} hold NaN or inf: not '
                        'checkpointing them (the last checkpoint is kept).')
     self.checkpointer.save(step, self.state, self.data.state()

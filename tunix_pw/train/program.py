@@ -26,7 +26,8 @@ LossFn = Callable[..., Any]  # (model, batch, rng) -> (loss_sum, sums)
 
 @dataclasses.dataclass(frozen=True)
 class Program:
-  """The trained policy and its train step, on `mesh`."""
+  """A trained model (the policy, or PPO's critic) and its train step, on
+  `mesh`."""
 
   mesh: Any
   graphdef: nnx.GraphDef  # of the trainable split
@@ -50,23 +51,34 @@ def build(config: Any, mesh: Any, loss_fn: LossFn, *, micro_batches: int,
   schedule spans `total_updates`."""
   model = (compile_only.abstract_policy(config, mesh) if abstract
            else setup.policy(config, mesh)[0])
-  graphdef, params, frozen = setup.split(model, config.lora.rank > 0)
-  optimizer, schedule = optim.make(config.optimizer, total_updates)
-  state = (step_lib.TrainState.abstract(params, optimizer) if abstract else
-           step_lib.TrainState.create(params, optimizer, config.seed))
+  return from_model(model, mesh, loss_fn, use_lora=config.lora.rank > 0,
+                    optimizer=config.optimizer, seed=config.seed,
+                    micro_batches=micro_batches, total_updates=total_updates,
+                    abstract=abstract)
+
+
+def from_model(model: nnx.Module, mesh: Any, loss_fn: LossFn, *,
+               use_lora: bool, optimizer: Any, seed: int, micro_batches: int,
+               total_updates: int, abstract: bool) -> Program:
+  """A trained `model` (arrays, or shapes with shardings when `abstract`)
+  on `mesh`, its optimizer (an optimizer block) and train step."""
+  graphdef, params, frozen = setup.split(model, use_lora)
+  transform, schedule = optim.make(optimizer, total_updates)
+  state = (step_lib.TrainState.abstract(params, transform) if abstract else
+           step_lib.TrainState.create(params, transform, seed))
   train_step = step_lib.make_step(
-      graphdef, frozen, loss_fn, optimizer, schedule, micro_batches,
+      graphdef, frozen, loss_fn, transform, schedule, micro_batches,
       jax.tree.map(lambda x: x.sharding, params))
   return Program(mesh, graphdef, nnx.graphdef(model), params, frozen, state,
                  train_step)
 
 
-def train_phase(program: Program,
-                batch: dict[str, Any]) -> compile_only.Phase:
+def train_phase(program: Program, batch: dict[str, Any],
+                **where: str) -> compile_only.Phase:
   """The compile-only phase of `program`'s train step on `batch`
-  (shapes)."""
+  (shapes); `where`: its name and role (default: the actor's)."""
   return compile_only.train_phase(program.train_step, program.state,
-                                  program.frozen, batch)
+                                  program.frozen, batch, **where)
 
 
 def resident(program: Program) -> dict[str, int]:
