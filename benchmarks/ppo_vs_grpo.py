@@ -48,13 +48,14 @@ def run_seed(seed: int) -> dict[str, float]:
              f'--config.sft.seed={seed}', f'--config.grpo.seed={seed}',
              f'--config.grpo.eval_examples={HELDOUT}')
     middle = time.perf_counter()
+    ppo_dir = os.path.join(workdir, 'ppo_run')  # a pipeline of its own
     main_run('--config=tunix_pw/configs/demo.py:ppo', "--config.stages=('ppo',)",
-             f'--workdir={workdir}', f'--config.ppo.seed={seed}',
+             f'--workdir={ppo_dir}', f'--config.ppo.seed={seed}',
              f'--config.ppo.model.checkpoint={os.path.join(workdir, "sft")}',
              f'--config.ppo.eval_examples={HELDOUT}')
     end = time.perf_counter()
     grpo, ppo = gain(os.path.join(workdir, 'grpo')), gain(
-        os.path.join(workdir, 'ppo'))
+        os.path.join(ppo_dir, 'ppo'))
   assert grpo[0] == ppo[0], 'the RL stages must start from the same model'
   return dict(seed=seed, start=round(grpo[0], 4),
               grpo_gain=round(grpo[1] - grpo[0], 4),
