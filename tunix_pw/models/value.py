@@ -39,6 +39,14 @@ class ValueModel(nnx.Module):
                       self.score[...])[..., 0]
 
 
+def last_token(values: jax.Array, segment_ids: jax.Array) -> jax.Array:
+  """[B]: each row's value at its last real token (segment > 0; rows are
+  right-padded): a reward model's score of the whole sequence."""
+  length = (segment_ids > 0).sum(-1)
+  return jnp.take_along_axis(values, jnp.maximum(length - 1, 0)[:, None],
+                             -1)[:, 0]
+
+
 def from_decoder(decoder: Decoder, seed: int, mesh=None,
                  rules=None) -> ValueModel:
   """`decoder` (a loaded checkpoint or the policy's copy) with a fresh
