@@ -1,6 +1,7 @@
 """The reward model: the Bradley-Terry loss by hand, its export read by
 transformers' AutoModelForSequenceClassification with equal scores (every
-family), and the job through main."""
+family), the job through main, pairs from a trained model's samples, and
+GRPO scoring its samples with a reward model."""
 
 import json
 
@@ -14,8 +15,11 @@ import transformers
 
 from tests import helpers
 from tests.models import hf_models
-from tunix_pw.models import checkpoints, hf, value
-from tunix_pw.train import losses
+from tunix_pw.configs import grpo as grpo_config
+from tunix_pw.models import checkpoints, hf, presets, value
+from tunix_pw.rl import reward_model
+from tunix_pw.runtime import meshes
+from tunix_pw.train import losses, metrics
 
 
 def test_bradley_terry_loss():
@@ -117,3 +121,62 @@ def test_pairs_from_a_model_never_right_write_nothing(tmp_path):
   [line] = helpers.error_lines(result.stderr)
   assert 'no prompt of the train split had both' in line
   assert not (tmp_path / 'pairs').exists()
+
+
+@pytest.fixture
+def random_reward_model(tmp_path):
+  """An exported reward model on the :runlocal policy's architecture, with
+  a random head (its scores vary between samples)."""
+  decoder = checkpoints.init(presets.PRESETS['tiny-gemma'], seed=3)
+  model = value.from_decoder(decoder, seed=0)
+  model.score.set_value(jax.random.normal(
+      jax.random.key(2), (decoder.cfg.embed_dim, 1)))
+  hf.save(str(tmp_path / 'rm'), decoder.cfg, nnx.state(model),
+          classifier_pad_id=0)
+  return model, str(tmp_path / 'rm')
+
+
+def test_the_scorer_scores_each_sequence_alone(random_reward_model):
+  model, directory = random_reward_model
+  config = grpo_config.get_config('runlocal')
+  config.rl.reward_model = directory
+  scores = reward_model.scorer(config, meshes.build(config.meshes,
+                                                    jax.devices()))
+  rng = np.random.default_rng(0)
+  sequences = [list(rng.integers(3, 40, n)) for n in
+               rng.integers(2, 18, config.rl.prompts_per_step *
+                            config.rl.num_generations)]
+  got = scores(sequences)
+  for i in (0, 5, len(sequences) - 1):
+    alone = np.asarray([sequences[i]])
+    expected = scores_ours(model, alone, np.array([alone.shape[1]]))
+    np.testing.assert_allclose(got[i], expected[0], rtol=1e-5, atol=1e-5)
+
+
+def test_grpo_trains_on_a_reward_model_mixed_with_a_rule(
+    random_reward_model, tmp_path):
+  _, directory = random_reward_model
+  result = helpers.run_main(
+      '--config=tunix_pw/configs/grpo.py:runlocal', '--config.steps=2',
+      '--config.eval_examples=0', '--config.checkpoint.every=0',
+      f'--config.rl.reward_model={directory}',
+      '--config.rl.rewards=reward_model:1,format:0.5', f'--workdir={tmp_path}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  last = [m for m in metrics.read(str(tmp_path)) if 'loss' in m][-1]
+  assert last['reward_std'] > 0
+  np.testing.assert_allclose(
+      last['reward_mean'],
+      last['reward/reward_model'] + 0.5 * last['reward/format'], rtol=1e-5)
+
+
+@pytest.mark.parametrize('flags,says', [
+    (['--config.rl.rewards=reward_model:1'], 'needs --config.rl.reward_model'),
+    (['--config.rl.reward_model=/nonexistent'], 'needs --config.rl.reward_model'),
+    (['--config.rl.rewards=reward_model:1',
+      '--config.rl.reward_model=/nonexistent'], 'does not exist')])
+def test_reward_model_config_errors(tmp_path, flags, says):
+  result = helpers.run_main('--config=tunix_pw/configs/grpo.py:runlocal',
+                            *flags, '--check_only', f'--workdir={tmp_path}')
+  assert result.returncode == 2
+  [line] = helpers.error_lines(result.stderr)
+  assert says in line

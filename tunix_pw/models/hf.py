@@ -134,6 +134,12 @@ def _prefix(names: list[str]) -> str:
   raise UsageError('the checkpoint has no embed_tokens.weight tensor.')
 
 
+def decoder_path(path: tuple[Any, ...]) -> tuple[Any, ...]:
+  """A parameter's path within the decoder (a value model nests it under
+  'decoder'; its head is ('score',))."""
+  return path[1:] if path[0] == 'decoder' else path
+
+
 def sources(directory: str, cfg: ModelConfig,
             abstract_state: nnx.State) -> dict[tuple, list[Callable]]:
   """For every parameter path: per layer (or one), a function giving the
@@ -144,7 +150,7 @@ def sources(directory: str, cfg: ModelConfig,
   prefix = _prefix(names)
   used, out = set(), {}
   for path, _ in abstract_state.flat_state():
-    tensors = tensors_for(cfg, path, prefix)
+    tensors = tensors_for(cfg, decoder_path(path), prefix)
     if path == ('lm_head',):
       tensors = [dataclasses.replace(tensors[0], name=_lm_head_name(names))]
     for t in tensors:
@@ -237,8 +243,7 @@ def save(directory: str, cfg: ModelConfig, state: nnx.State,
 
   def tensors():
     for path, var in state.flat_state():
-      if path[0] == 'decoder':  # a value model's decoder
-        path = path[1:]
+      path = decoder_path(path)
       value = np.asarray(jax.device_get(var.get_value()))
       if dtype is not None:
         value = value.astype(dtype)

@@ -13,7 +13,8 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from tunix_pw.models import layers
+from tunix_pw.errors import UsageError
+from tunix_pw.models import checkpoints, hf, layers, safetensors_io
 from tunix_pw.models.decoder import Decoder
 from tunix_pw.runtime import sharding
 from tunix_pw.runtime.sharding import Sharder
@@ -57,3 +58,19 @@ def from_decoder(decoder: Decoder, seed: int, mesh=None,
     model.score.set_value(jax.device_put(head, sharding.named(
         mesh, head.shape, model.score.get_metadata()['axes'], rules)))
   return model
+
+
+def load(directory: str, mesh=None, rules=None) -> ValueModel:
+  """A reward model exported by the reward_model job (a Hugging Face
+  one-label sequence classifier): its decoder and `score` head, on
+  `mesh`."""
+  if checkpoints.detect(directory) != checkpoints.HF or 'score.weight' not in (
+      safetensors_io.SafetensorsDir(directory).names()):
+    raise UsageError(f'{directory} is not a Hugging Face sequence classifier '
+                     '(no score.weight); export one with the reward_model '
+                     'job.')
+  cfg = hf.read_config(directory)
+  model = nnx.eval_shape(lambda: ValueModel(Decoder(cfg, rngs=nnx.Rngs(0)),
+                                            rngs=nnx.Rngs(0)))
+  return checkpoints.load_into(directory, checkpoints.HF, model, cfg, mesh,
+                               rules)
