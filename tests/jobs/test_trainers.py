@@ -44,15 +44,12 @@ def test_two_step_pulse_on_fsdp4_tp2(tmp_path, config, extra):
   assert '2' in os.listdir(tmp_path / 'checkpoints')
 
 
-def test_sft_learns_two_digit_addition(tmp_path):
+def test_sft_learns_two_digit_addition(trained_sft):
   """>= 80% greedy exact match on 500 held-out problems (fixed seed); the
-  run takes about 90 s here."""
-  result = helpers.run_main(SFT, *ONE_DEVICE, '--config.steps=1000',
-                            '--config.log_every=100',
-                            '--config.checkpoint.every=0',
-                            f'--workdir={tmp_path}', timeout=600)
+  run (conftest's `trained_sft`) takes about 90 s here."""
+  result, workdir = trained_sft
   assert result.returncode == 0, result.stderr[-3000:]
-  final = [m for m in metrics.read(str(tmp_path)) if 'eval/accuracy' in m][-1]
+  final = [m for m in metrics.read(str(workdir)) if 'eval/accuracy' in m][-1]
   assert final['eval/total'] == 500
   assert final['eval/accuracy'] >= 0.8, final
 

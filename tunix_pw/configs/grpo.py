@@ -69,7 +69,10 @@ def rl_block(variant: str, local: bool) -> ml_collections.ConfigDict:
       # The rollout engine's log-probabilities against the trainer's:
       # truncated importance weights min(pi_old / pi_rollout, tis_cap) on
       # every token's loss (0: off), and mismatch/* metrics (on with TIS).
-      tis_cap=0.0, mismatch_metrics=False)
+      tis_cap=0.0, mismatch_metrics=False,
+      # A reward model (the reward_model job's export) scoring every
+      # sample: name it in the rewards with a weight ('reward_model:1').
+      reward_model='')
   block.update(VARIANTS[variant])
   return ml_collections.ConfigDict(block)
 

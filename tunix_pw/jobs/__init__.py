@@ -18,8 +18,10 @@ _JOBS = {
     'eval': 'tunix_pw.jobs.eval',
     'generate': 'tunix_pw.jobs.generate',
     'grpo': 'tunix_pw.jobs.grpo',
+    'pairs': 'tunix_pw.jobs.pairs',
     'pipeline': 'tunix_pw.jobs.pipeline',
     'ppo': 'tunix_pw.jobs.ppo',
+    'reward_model': 'tunix_pw.jobs.reward_model',
     'sft': 'tunix_pw.jobs.sft',
     'smoke': 'tunix_pw.jobs.smoke',
 }

@@ -26,7 +26,8 @@ from tunix_pw.data import formats, mixture, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints
 from tunix_pw.rl import batch as batch_lib, phases
-from tunix_pw.rl import plan as plan_lib, registry, rewards as rewards_lib
+from tunix_pw.rl import plan as plan_lib, registry, reward_model
+from tunix_pw.rl import rewards as rewards_lib
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.sampling.sampler import Sampler, make_sampler
@@ -50,6 +51,15 @@ def check_datasets(config: Any) -> None:
                               else '--config.rl.rewards')
     if weight <= 0:
       raise UsageError(f'{prefix}.weight={weight} must be positive.')
+  named = any('reward_model' in dict(rewards_lib.parse_weights(rewards))
+              for _, _, rewards in datasets(config).values())
+  if named != bool(config.rl.reward_model):
+    raise UsageError(
+        'the reward_model reward needs --config.rl.reward_model (a reward '
+        'model exported by the reward_model job), and that model a reward '
+        "naming it (e.g. --config.rl.rewards=reward_model:1).")
+  if config.rl.reward_model and checks.scope().files:
+    checkpoints.detect(config.rl.reward_model)  # exists, Hugging Face
   if config.eval_k < 0 or config.eval_k == 1:
     raise UsageError(f'--config.eval_k={config.eval_k} must be 0 (greedy '
                      'only) or at least 2 samples per problem.')
@@ -118,6 +128,7 @@ class Parts:
   tokenizer: Any
   data: Any  # the prompt pipeline, or a mixture of several
   reward_weights: dict[str, list[tuple[str, float]]]  # dataset -> weights
+  model_scores: Callable | None = None  # the reward model's, when named
 
 
 def rollout_engine(config: Any, programs: plan_lib.Plan, tokenizer: Any,
@@ -163,7 +174,8 @@ def rollout_and_logps(parts: Parts, state: Any, index: int,
   config, rl = parts.config, parts.config.rl
   with timer('rollout'):
     result = phases.rollout(parts.sampler, parts.data, parts.tokenizer, rl,
-                            parts.reward_weights, config.seed, index)
+                            parts.reward_weights, config.seed, index,
+                            parts.model_scores)
   preemption.check(stop)
   with timer('logps'):
     arrays = phases.training_arrays(
@@ -210,8 +222,10 @@ def build(config: Any, runtime: backend.Runtime,
   reference = (scoring.reference(config, programs.policy, meshes, runtime)
                if 'ref_logps' in programs.needed else None)
   data, heldout, reward_weights = prompts(config, runtime, tokenizer)
+  model_scores = (reward_model.scorer(config, meshes)
+                  if config.rl.reward_model else None)
   return Parts(config, runtime, programs, sampler, reference, tokenizer,
-               data, reward_weights), heldout
+               data, reward_weights, model_scores), heldout
 
 
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,

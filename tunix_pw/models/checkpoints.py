@@ -79,7 +79,14 @@ def load(directory: str, cfg: ModelConfig | None = None, *,
   elif cfg is None:
     raise UsageError(f'{directory} is a Kaggle checkpoint, which names no '
                      'architecture: give the model preset too.')
-  model = decoder.abstract(cfg, **model_kwargs)
+  return load_into(directory, kind, decoder.abstract(cfg, **model_kwargs),
+                   cfg, mesh, rules), cfg
+
+
+def load_into(directory: str, kind: str, model: nnx.Module, cfg: ModelConfig,
+              mesh: Mesh | None, rules: Any) -> nnx.Module:
+  """`model` (abstract: a decoder, or a value model around one) with the
+  checkpoint's weights, placed on `mesh`."""
   graphdef, state = nnx.split(model)
   views = (hf.sources if kind == HF else kaggle.sources)(directory, cfg, state)
   targets = dict(param_shardings(state, mesh, rules).flat_state()) if mesh \
@@ -91,8 +98,9 @@ def load(directory: str, cfg: ModelConfig | None = None, *,
     value = var.get_value()
     placed.append((path, var.replace(place(
         views[path], value.shape, value.dtype, target,
-        stacked=path[0] == 'groups', name='/'.join(map(str, path))))))
-  return nnx.merge(graphdef, nnx.from_flat_state(placed)), cfg
+        stacked=hf.decoder_path(path)[0] == 'groups',
+        name='/'.join(map(str, path))))))
+  return nnx.merge(graphdef, nnx.from_flat_state(placed))
 
 
 def init(cfg: ModelConfig, seed: int = 0, *, mesh: Mesh | None = None,

@@ -116,6 +116,8 @@ def tensors_for(cfg: ModelConfig, path: tuple[Any, ...],
     return [Tensor(f'{prefix}norm.weight', (d,), _identity, _identity)]
   if path == ('lm_head',):
     return [Tensor('lm_head.weight', (v, d), _transpose, _transpose)]
+  if path == ('score',):  # a sequence classifier's head (one label)
+    return [Tensor('score.weight', (1, d), _transpose, _transpose)]
   _, group, position, *tail = path
   pattern, repeats = cfg.groups[group]
   template = _layer_tensor(cfg, tuple(tail))
@@ -132,6 +134,12 @@ def _prefix(names: list[str]) -> str:
   raise UsageError('the checkpoint has no embed_tokens.weight tensor.')
 
 
+def decoder_path(path: tuple[Any, ...]) -> tuple[Any, ...]:
+  """A parameter's path within the decoder (a value model nests it under
+  'decoder'; its head is ('score',))."""
+  return path[1:] if path[0] == 'decoder' else path
+
+
 def sources(directory: str, cfg: ModelConfig,
             abstract_state: nnx.State) -> dict[tuple, list[Callable]]:
   """For every parameter path: per layer (or one), a function giving the
@@ -142,7 +150,7 @@ def sources(directory: str, cfg: ModelConfig,
   prefix = _prefix(names)
   used, out = set(), {}
   for path, _ in abstract_state.flat_state():
-    tensors = tensors_for(cfg, path, prefix)
+    tensors = tensors_for(cfg, decoder_path(path), prefix)
     if path == ('lm_head',):
       tensors = [dataclasses.replace(tensors[0], name=_lm_head_name(names))]
     for t in tensors:
@@ -226,13 +234,16 @@ def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
 
 
 def save(directory: str, cfg: ModelConfig, state: nnx.State,
-         dtype=None) -> None:
+         dtype=None, classifier_pad_id: int | None = None) -> None:
   """Writes config.json and model.safetensors (one parameter on the host at
-  a time, gathered from any sharding)."""
+  a time, gathered from any sharding). With `classifier_pad_id`, `state`
+  is a `value.ValueModel`'s, written as a one-label sequence classifier
+  (transformers scores the last token that is not `classifier_pad_id`)."""
   os.makedirs(directory, exist_ok=True)
 
   def tensors():
     for path, var in state.flat_state():
+      path = decoder_path(path)
       value = np.asarray(jax.device_get(var.get_value()))
       if dtype is not None:
         value = value.astype(dtype)
@@ -245,5 +256,12 @@ def save(directory: str, cfg: ModelConfig, state: nnx.State,
 
   safetensors_io.save(os.path.join(directory, 'model.safetensors'),
                       list(tensors()))
+  config = to_hf_config(cfg)
+  if classifier_pad_id is not None:
+    config.update(
+        architectures=[config['architectures'][0].replace(
+            'ForCausalLM', 'ForSequenceClassification').replace(
+                'Gemma3For', 'Gemma3TextFor')],
+        num_labels=1, pad_token_id=classifier_pad_id)
   with open(os.path.join(directory, CONFIG), 'w') as f:
-    json.dump(to_hf_config(cfg), f, indent=2)
+    json.dump(config, f, indent=2)

@@ -13,7 +13,8 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from tunix_pw.models import layers
+from tunix_pw.errors import UsageError
+from tunix_pw.models import checkpoints, hf, layers, safetensors_io
 from tunix_pw.models.decoder import Decoder
 from tunix_pw.runtime import sharding
 from tunix_pw.runtime.sharding import Sharder
@@ -39,6 +40,14 @@ class ValueModel(nnx.Module):
                       self.score[...])[..., 0]
 
 
+def last_token(values: jax.Array, segment_ids: jax.Array) -> jax.Array:
+  """[B]: each row's value at its last real token (segment > 0; rows are
+  right-padded): a reward model's score of the whole sequence."""
+  length = (segment_ids > 0).sum(-1)
+  return jnp.take_along_axis(values, jnp.maximum(length - 1, 0)[:, None],
+                             -1)[:, 0]
+
+
 def from_decoder(decoder: Decoder, seed: int, mesh=None,
                  rules=None) -> ValueModel:
   """`decoder` (a loaded checkpoint or the policy's copy) with a fresh
@@ -49,3 +58,19 @@ def from_decoder(decoder: Decoder, seed: int, mesh=None,
     model.score.set_value(jax.device_put(head, sharding.named(
         mesh, head.shape, model.score.get_metadata()['axes'], rules)))
   return model
+
+
+def load(directory: str, mesh=None, rules=None) -> ValueModel:
+  """A reward model exported by the reward_model job (a Hugging Face
+  one-label sequence classifier): its decoder and `score` head, on
+  `mesh`."""
+  if checkpoints.detect(directory) != checkpoints.HF or 'score.weight' not in (
+      safetensors_io.SafetensorsDir(directory).names()):
+    raise UsageError(f'{directory} is not a Hugging Face sequence classifier '
+                     '(no score.weight); export one with the reward_model '
+                     'job.')
+  cfg = hf.read_config(directory)
+  model = nnx.eval_shape(lambda: ValueModel(Decoder(cfg, rngs=nnx.Rngs(0)),
+                                            rngs=nnx.Rngs(0)))
+  return checkpoints.load_into(directory, checkpoints.HF, model, cfg, mesh,
+                               rules)

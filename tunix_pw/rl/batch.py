@@ -77,25 +77,31 @@ def rollout_logps(groups: Sequence[Group], length: int) -> np.ndarray:
 
 def rollout(sampler: Any, data: Iterator[list[dict[str, Any]]],
             tokenizer: Any, rl: Any, weights: dict[str, Any],
-            sampling: Callable[[int], Any]
+            sampling: Callable[[int], Any],
+            model_scores: Callable[[list[list[int]]], np.ndarray] | None = None
             ) -> tuple[list[Group], list[float], dict[str, int]]:
   """Groups for one step: generate, score (with the reward weights of each
   prompt's dataset: `weights[prompt.get('dataset', '')]`), and with
   dynamic sampling drop
   groups of equal rewards and refill from new prompts, up to
   `refill_rounds`; short of groups at the cap, the last group repeats with
-  weight 0. `sampling(round)` gives each round's settings. Returns
-  (groups, group weights, counts)."""
+  weight 0. `sampling(round)` gives each round's settings;
+  `model_scores(sequences)`, a reward model's scores of each prompt +
+  completion (the `reward_model` reward). Returns (groups, group weights,
+  counts)."""
   kept, counts = [], dict(dropped=0, padded=0, rounds=0, reward_errors=0,
                           generated=0)
   while True:
     prompts = next(data)
-    out = sampler.generate(
-        [p['prompt'] for p in prompts for _ in range(rl.num_generations)],
-        sampling(counts['rounds']))
+    rows_prompts = [p['prompt'] for p in prompts
+                    for _ in range(rl.num_generations)]
+    out = sampler.generate(rows_prompts, sampling(counts['rounds']))
     tokens, logprobs, lengths = fetch((out.tokens, out.logprobs,
                                        out.lengths))
     counts['generated'] += int(lengths.sum())
+    scores = (model_scores([ids + tokens[r, :lengths[r]].tolist()
+                            for r, ids in enumerate(rows_prompts)])
+              if model_scores else [None] * len(tokens))
     for i, prompt in enumerate(prompts):
       rows = range(i * rl.num_generations, (i + 1) * rl.num_generations)
       completions = [tokens[r, :lengths[r]].tolist() for r in rows]
@@ -107,7 +113,9 @@ def rollout(sampler: Any, data: Iterator[list[dict[str, Any]]],
           completion=tokenizer.decode(
               [t for t in c if t not in tokenizer.stop_ids]),
           answer=prompt['answer'], length=len(c), budget=rl.max_new_tokens,
-          truncated=t) for c, t in zip(completions, truncated)]
+          truncated=t, model_score=None if scores[r] is None
+          else float(scores[r]))
+                 for r, c, t in zip(rows, completions, truncated)]
       dataset = prompt.get('dataset', '')
       total, per_fn, errors = rewards_lib.score(samples, weights[dataset],
                                                 rl.strict_rewards)

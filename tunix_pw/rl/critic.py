@@ -52,15 +52,16 @@ def loss(model, batch, rng, *, clip: float, shard: Sharder = Sharder()):
       value_mean=(values * mask).sum())
 
 
-def abstract_model(config: Any, on: Any) -> value.ValueModel:
-  """The critic as shapes on mesh `on`: what `build` makes, unallocated."""
-  block = model_block(config)
+def abstract_model(block: Any, seed: int, on: Any,
+                   rules: Any) -> value.ValueModel:
+  """A value model on `block`'s decoder as shapes on mesh `on`: what
+  `build` makes, unallocated."""
   cfg = setup.architecture(block)
   model = nnx.eval_shape(lambda: value.ValueModel(decoder.Decoder(
-      cfg, rngs=nnx.Rngs(config.seed), **checkpoints.model_kwargs(block)),
-                                                  rngs=nnx.Rngs(config.seed)))
+      cfg, rngs=nnx.Rngs(seed), **checkpoints.model_kwargs(block)),
+                                                  rngs=nnx.Rngs(seed)))
   graphdef, state = nnx.split(model)
-  return nnx.merge(graphdef, compile_only.on_mesh(state, on, config.sharding))
+  return nnx.merge(graphdef, compile_only.on_mesh(state, on, rules))
 
 
 def build(config: Any, meshes: Any, *, abstract: bool) -> program.Program:
@@ -68,7 +69,8 @@ def build(config: Any, meshes: Any, *, abstract: bool) -> program.Program:
   compile-only check)."""
   rl, on = config.rl, mesh(meshes)
   if abstract:
-    model = abstract_model(config, on)
+    model = abstract_model(model_block(config), config.seed, on,
+                           config.sharding)
   else:
     base, _ = setup.model_from_block(model_block(config), seed=config.seed,
                                      mesh=on, rules=config.sharding)

@@ -64,12 +64,14 @@ def sampling(rl: Any, seed: int = 0) -> SamplingConfig:
 
 
 def rollout(sampler: Any, data: Any, tokenizer: Any, rl: Any,
-            reward_weights: Any, seed: int, step: int) -> Rollout:
-  """The step's scored groups; each refill round samples with its own
-  seed."""
+            reward_weights: Any, seed: int, step: int,
+            model_scores: Any = None) -> Rollout:
+  """The step's scored groups (with a reward model's scores, given
+  `model_scores`); each refill round samples with its own seed."""
   groups, weights, counts = batch_lib.rollout(
       sampler, data, tokenizer, rl, reward_weights,
-      lambda rounds: sampling(rl, seed * 1_000_003 + step * 101 + rounds))
+      lambda rounds: sampling(rl, seed * 1_000_003 + step * 101 + rounds),
+      model_scores)
   return Rollout(groups, weights, counts)
 
 

@@ -31,6 +31,7 @@ class Sample:
   length: int  # generated tokens
   budget: int  # max new tokens
   truncated: bool  # hit the budget without a stop token
+  model_score: float | None = None  # the reward model's (rl.reward_model)
 
 
 def _number(text: str) -> float | None:
@@ -48,6 +49,16 @@ def exact_answer(sample: Sample) -> float:
   """1 when the completion's (last) number equals the reference number."""
   got, want = _number(sample.completion), _number(sample.answer)
   return float(got is not None and want is not None and got == want)
+
+
+@register('reward', 'reward_model')
+def reward_model(sample: Sample) -> float:
+  """The reward model's score of prompt + completion (a model loaded from
+  --config.rl.reward_model scores every sample of a step at once)."""
+  if sample.model_score is None:
+    raise ValueError('no reward model scored this sample; set '
+                     '--config.rl.reward_model')
+  return sample.model_score
 
 
 @register('reward', 'digits')

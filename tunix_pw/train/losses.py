@@ -12,6 +12,8 @@ token-level (`train.step.token_nll`).
 - ORPO (Hong et al. 2024, arXiv 2403.07691), no reference: the chosen NLL
   plus lambda * -log sigmoid(log odds_c - log odds_r), with the odds of the
   mean per-token probability p: log(p / (1 - p)).
+
+A reward model's Bradley-Terry loss takes its scores instead.
 """
 
 from __future__ import annotations
@@ -49,6 +51,13 @@ def dpo(pair: Pair, beta: float, lam: float) -> jax.Array:
 def ipo(pair: Pair, beta: float, lam: float) -> jax.Array:
   del lam
   return (margin(pair) - 1.0 / (2.0 * beta)) ** 2
+
+
+def bradley_terry(chosen: jax.Array, rejected: jax.Array) -> jax.Array:
+  """A reward model's loss per pair from its scores: -log sigmoid(s_c -
+  s_r), the Bradley-Terry likelihood (Bradley & Terry 1952) as the reward
+  models of Ouyang et al. 2022 (arXiv 2203.02155, eq. 1) train it."""
+  return -jax.nn.log_sigmoid(chosen - rejected)
 
 
 def log_odds(mean_logp: jax.Array) -> jax.Array:

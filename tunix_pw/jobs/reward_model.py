@@ -1,0 +1,168 @@
+"""A reward model: a decoder with a scalar head (`models/value.py`) trained
+on preference pairs with the Bradley-Terry loss, one explicit loop.
+
+pairs (prompt, chosen, rejected) -> each sequence's score (the head's value
+at its last token) -> -log sigmoid(s_chosen - s_rejected) -> train step
+(gradient accumulation) -> metrics -> held-out pairwise accuracy ->
+checkpoint -> preemption check; `--config.export` writes the Hugging Face
+layout of a one-label sequence classifier.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+from tunix_pw import checks, compile_only
+from tunix_pw.data import formats, pipeline
+from tunix_pw.errors import UsageError
+from tunix_pw.models import checkpoints, hf, tokenizers, value
+from tunix_pw.rl import critic
+from tunix_pw.runtime import backend, meshes as meshes_lib
+from tunix_pw.runtime.fetch import fetch
+from tunix_pw.runtime.preemption import Preemption
+from tunix_pw.runtime.sharding import Sharder
+from tunix_pw.train import loop, losses, optim, program, setup
+
+SIDES = ('chosen', 'rejected')
+KEYS = ('tokens', 'positions', 'segment_ids', 'loss_mask')
+
+
+def validate(config: Any) -> None:
+  checks.at_least_one(config, '--config', 'steps', 'batch_size',
+                      'micro_batches', 'log_every', 'eval_batch_size')
+  checkpoints.check_model_block(config.model)
+  pipeline.check_data_block(config.data)
+  optim.check(config.optimizer)
+  if config.data.name not in ('preferences', 'arithmetic'):
+    raise UsageError(f'--config.data.name={config.data.name!r} has no '
+                     "preference pairs; use 'preferences' (or 'arithmetic' "
+                     'for a built-in set).')
+  if config.batch_size % config.micro_batches:
+    raise UsageError(f'--config.batch_size={config.batch_size} must divide '
+                     f'into --config.micro_batches={config.micro_batches}.')
+  meshes_lib.check_batch(config.batch_size // config.micro_batches,
+                         config.meshes, 'actor', config.sharding.batch,
+                         '--config.batch_size / --config.micro_batches')
+
+
+def scores(model, batch, side: str, shard: Sharder = Sharder()) -> jax.Array:
+  """[B]: the score of each `side` sequence of a batch of pairs."""
+  values = model(batch[f'{side}_tokens'], batch[f'{side}_positions'],
+                 batch[f'{side}_segment_ids'], shard)
+  return value.last_token(values, batch[f'{side}_segment_ids'])
+
+
+def loss(model, batch, rng, *, shard: Sharder = Sharder()):
+  del rng
+  chosen, rejected = (scores(model, batch, side, shard) for side in SIDES)
+  return losses.bradley_terry(chosen, rejected).sum(), dict(
+      weight=jnp.float32(chosen.shape[0]),
+      accuracy=(chosen > rejected).sum().astype(jnp.float32),
+      margin=(chosen - rejected).sum())
+
+
+def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
+         abstract: bool) -> program.Program:
+  """The value model (the model block's decoder, a fresh head) and its
+  train step on the actor mesh, from shapes when `abstract`."""
+  mesh, rules = meshes['actor'], config.sharding
+  if abstract:
+    model = critic.abstract_model(config.model, config.seed, mesh, rules)
+  else:
+    base, _ = setup.model_from_block(config.model, seed=config.seed,
+                                     mesh=mesh, rules=rules)
+    model = value.from_decoder(base, config.seed, mesh, rules)
+  return program.from_model(
+      model, mesh, functools.partial(loss, shard=Sharder(mesh, rules)),
+      use_lora=False, optimizer=config.optimizer, seed=config.seed,
+      micro_batches=config.micro_batches, total_updates=config.steps,
+      abstract=abstract)
+
+
+def pairs(config: Any, source: Any, tokenizer: Any, runtime: Any, *,
+          batch_size: int, epochs: int | None, what: str):
+  length = config.data.max_length
+  return pipeline.Pipeline(
+      source, formats.preference_transform(
+          config.data.name, tokenizer, length, config.data.overlong,
+          config.data.chat),
+      batch_size=batch_size, seed=config.seed, num_epochs=epochs,
+      process_index=runtime.process_index,
+      process_count=runtime.process_count,
+      batch_fn=lambda rows: formats.pad_pairs(rows, length, tokenizer.pad_id),
+      what=what, dropping=pipeline.overlong_filter(config.data))
+
+
+def pairwise_accuracy(config: Any, model_program: program.Program,
+                      params: Any, heldout: Any) -> dict[str, float]:
+  """The share of held-out pairs whose chosen sequence scores higher."""
+  mesh = model_program.mesh
+  shard = Sharder(mesh, config.sharding)
+  margins = jax.jit(lambda params, batch: (lambda m: scores(
+      m, batch, 'chosen', shard) - scores(m, batch, 'rejected', shard))(
+          nnx.merge(model_program.graphdef, params)))
+  right = total = 0
+  for batch in heldout():
+    margin = fetch(margins(params, pipeline.place(batch, mesh,
+                                                  config.sharding)))
+    right, total = right + int((margin > 0).sum()), total + margin.size
+  return {'eval/pairwise_accuracy': right / max(total, 1),
+          'eval/pairs': total}
+
+
+def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
+  """The train step on pairs of full `max_length` rows, from shapes."""
+  model_program = plan(config, meshes, abstract=True)
+  shape = (config.batch_size, config.data.max_length)
+  batch = compile_only.batch_on(model_program.mesh, config.sharding, {
+      f'{side}_{key}': (shape, jnp.int32) for side in SIDES for key in KEYS})
+  return compile_only.Plan({'actor': program.resident(model_program)},
+                           [program.train_phase(model_program, batch)])
+
+
+def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
+        workdir: str, preemption: Preemption) -> None:
+  model_program = plan(config, meshes, abstract=False)
+  mesh, rules = model_program.mesh, config.sharding
+  tokenizer = setup.tokenizer(config.model)
+  spec = pipeline.DataSpec.from_block(config.data)
+  sources, _ = pipeline.prepare(spec, runtime)
+  data = pairs(config, sources['train'], tokenizer, runtime,
+               batch_size=config.batch_size, epochs=None,
+               what=f'the train split of {spec.name}')
+  heldout = lambda: pairs(config, sources['test'], tokenizer, runtime,
+                          batch_size=config.eval_batch_size, epochs=1,
+                          what=f'the test split of {spec.name}')
+  session = loop.Session('reward_model', config, runtime, workdir,
+                         model_program.state, data)
+
+  def step(index: int) -> tuple[Any, int]:
+    host = next(data)
+    session.state, step_metrics = model_program.train_step(
+        session.state, pipeline.place(host, mesh, rules))
+    done = index + 1
+    if config.eval_every and done % config.eval_every == 0:
+      session.writer.write(done, pairwise_accuracy(
+          config, model_program, session.state.params, heldout))
+    return step_metrics, int(sum((host[f'{s}_segment_ids'] > 0).sum()
+                                 for s in SIDES))
+
+  session.save(loop.run_steps(session, preemption, step,
+                              ('loss', 'accuracy')))
+  result = session.writer.write(config.steps, pairwise_accuracy(
+      config, model_program, session.state.params, heldout))
+  session.close()
+  if config.export:
+    final = model_program.model(session.state.params)
+    hf.save(config.export, final.cfg, nnx.state(final),
+            classifier_pad_id=tokenizer.pad_id)
+    tokenizers.save(setup.tokenizer_source(config.model), config.export)
+  if runtime.is_coordinator:
+    print(f'reward_model: held-out pairwise accuracy '
+                f'{result["eval/pairwise_accuracy"]:.1%} of '
+                f'{int(result["eval/pairs"])} pairs')
