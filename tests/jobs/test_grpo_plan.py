@@ -59,7 +59,7 @@ def test_compile_plan_lowers_what_the_run_compiles():
   assert checked.needed == ran.needed == ('ref_logps', 'old_logps',
                                           'tis_weights')
   arrays, batch = run_batch(c, ran)
-  shapes = grpo.batch_shapes(c, c.rl.mini_batch_size, checked.policy.mesh,
+  shapes = rl_plan.batch_shapes(c, c.rl.mini_batch_size, checked.policy.mesh,
                              token_names=checked.needed)
   assert signature(shapes) == signature(batch)
   assert signature(checked.policy.state) == signature(ran.policy.state)
@@ -76,7 +76,7 @@ def test_compile_plan_lowers_what_the_run_compiles():
                         c.sharding)
   assert checked.logps(actor).lower(
       nnx.state(checked.policy.model()),
-      grpo.batch_shapes(c, size, actor, phases.SEQUENCES)).as_text() == (
+      rl_plan.batch_shapes(c, size, actor, phases.SEQUENCES)).as_text() == (
           ran.logps(actor).lower(nnx.state(ran.policy.model()),
                                  rows).as_text())
   assert checked.rollout_shardings == ran.rollout_shardings

@@ -25,7 +25,7 @@ from tunix_pw import checks, compile_only, console
 from tunix_pw.data import formats, mixture, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints
-from tunix_pw.rl import batch as batch_lib, phases
+from tunix_pw.rl import phases
 from tunix_pw.rl import plan as plan_lib, registry, reward_model
 from tunix_pw.rl import rewards as rewards_lib
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard
@@ -347,63 +347,6 @@ def train(parts: Parts, heldout: dict[str, Any], workdir: str,
 
 
 
-def batch_shapes(config: Any, count: int, mesh: Any,
-                 keys: tuple[str, ...] | None = None,
-                 token_names: tuple[str, ...] = ()) -> dict[str, Any]:
-  """`count` rows of the arrays a step trains on (all, or `keys`, and the
-  per-token float arrays `token_names`), as shapes split over `mesh` like
-  the run's."""
-  rl = config.rl
-  length = rl.max_prompt_length + rl.max_new_tokens
-  group = batch_lib.Group([0], '', [[0]] * rl.num_generations,
-                          [False] * rl.num_generations,
-                          np.zeros(rl.num_generations), {},
-                          [[0.0]] * rl.num_generations)
-  arrays = batch_lib.to_arrays(
-      [group], [1.0], length, 0, None if rl.advantage == phases.GAE
-      else registry.get('advantage', rl.advantage))
-  shapes = {k: ((count,) + v.shape[1:], v.dtype) for k, v in arrays.items()
-            if keys is None or k in keys}
-  shapes.update({k: ((count, length - 1), np.float32) for k in token_names})
-  return compile_only.batch_on(mesh, config.sharding, shapes)
-
-
-def sync_phases(config: Any, programs: plan_lib.Plan,
-                rollout_mesh: Any) -> list[compile_only.Phase]:
-  """The weight sync's relayouts, in the run's groups and in-flight bound;
-  the engine serves the old weights until the new ones have landed."""
-  params = programs.policy.params
-  synced = compile_only.on_mesh(params, rollout_mesh, config.sharding)
-
-  def relayouts(side):
-    return lambda: reshard.compile_relayouts(
-        jax.tree.leaves(params), [x.sharding for x in jax.tree.leaves(synced)],
-        programs.sync.group_bytes)[side]
-
-  return [compile_only.Phase('weight sync in', 'rollout', relayouts('target'),
-                             held=compile_only.per_device(synced),
-                             inflight=programs.sync.max_inflight),
-          compile_only.Phase('weight sync out', 'actor', relayouts('source'),
-                             inflight=programs.sync.max_inflight)]
-
-
-def rollout_phase(config: Any, rollout_model: Any,
-                  rollout_mesh: Any) -> compile_only.Phase:
-  """The rollout engine's program for one step's samples."""
-  rl = config.rl
-  sampler = Sampler(rollout_model, pad_id=0, eos_ids=(1,), mesh=rollout_mesh,
-                    rules=config.sharding)
-  samples = rl.prompts_per_step * rl.num_generations
-  sampling = phases.sampling(rl)
-  return compile_only.Phase(
-      'rollout', 'rollout',
-      lambda: [sampler.lower(samples, rl.max_prompt_length,
-                             sampling).compile()],
-      resident_args=compile_only.per_device(nnx.state(rollout_model)),
-      note=lambda: 'KV cache ' + compile_only.size(sampler.cache_bytes(
-          samples, rl.max_prompt_length, sampling)))
-
-
 def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
   """This job's programs, from shapes, for compile-only checks: what
   `plan` builds for a run (the train step, the logps passes), the rollout
@@ -417,16 +360,16 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
       full_state, programs.rollout_shardings))
 
   def lower_logps(mesh, params_state):
-    return programs.logps(mesh).lower(params_state, batch_shapes(
+    return programs.logps(mesh).lower(params_state, plan_lib.batch_shapes(
         config, rl.logps_micro_batch_size, mesh, phases.SEQUENCES))
 
   plan_phases = [
-      program.train_phase(policy, batch_shapes(
+      program.train_phase(policy, plan_lib.batch_shapes(
           config, rl.mini_batch_size, policy.mesh,
           token_names=programs.needed + (
               ('advantages',) if rl.advantage == phases.GAE else ()))),
-      rollout_phase(config, rollout_model, rollout_mesh),
-      *sync_phases(config, programs, rollout_mesh)]
+      plan_lib.rollout_phase(config, rollout_model, rollout_mesh),
+      *plan_lib.sync_phases(config, programs, rollout_mesh)]
   resident = {'actor': program.resident(policy),
               'rollout': {'rollout copy': compile_only.per_device(
                   nnx.state(rollout_model))}}

@@ -23,7 +23,7 @@ from tunix_pw import compile_only
 from tunix_pw.errors import UsageError
 from tunix_pw.jobs import grpo
 from tunix_pw.models import checkpoints
-from tunix_pw.rl import critic as critic_lib, phases
+from tunix_pw.rl import critic as critic_lib, phases, plan as plan_lib
 from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.fetch import fetch
 from tunix_pw.runtime.preemption import Preemption
@@ -144,14 +144,14 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
   values = critic_lib.values_program(config, critic)
   params = nnx.state(critic.model())
   plan.phases += [
-      program.train_phase(critic, grpo.batch_shapes(
+      program.train_phase(critic, plan_lib.batch_shapes(
           config, rl.mini_batch_size, critic.mesh,
           phases.SEQUENCES + ('loss_mask', 'weights'),
           token_names=('returns', 'old_values')), name='critic train step',
                           role=role),
       compile_only.Phase(
           'critic values', role, lambda: [values.lower(
-              params, grpo.batch_shapes(config, rl.logps_micro_batch_size,
+              params, plan_lib.batch_shapes(config, rl.logps_micro_batch_size,
                                         critic.mesh, phases.SEQUENCES)
           ).compile()], resident_args=compile_only.per_device(params))]
   plan.resident.setdefault(role, {}).update(

@@ -1,6 +1,7 @@
 """The GRPO family's program plan: everything a job compiles, built once,
 from arrays for a run and from shapes for a compile-only check
-(`jobs/grpo.py` consumes it both ways)."""
+(`jobs/grpo.py` consumes it both ways), and the compile-only phases of its
+batches, rollout and weight sync."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ from typing import Any
 
 from flax import nnx
 import jax
+import numpy as np
 
+from tunix_pw import compile_only
 from tunix_pw.models import checkpoints
-from tunix_pw.rl import loss as loss_lib
+from tunix_pw.rl import batch as batch_lib, loss as loss_lib, phases, registry
 from tunix_pw.runtime import meshes as meshes_lib, reshard
 from tunix_pw.runtime.sharding import Sharder
+from tunix_pw.sampling.sampler import Sampler
 from tunix_pw.train import program
 
 
@@ -75,3 +79,60 @@ def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
               reshard.Budget.from_block(config.runtime), needed_keys(rl),
               functools.cache(lambda mesh: make_logps(
                   config, mesh, policy.full_graphdef)))
+
+
+def batch_shapes(config: Any, count: int, mesh: Any,
+                 keys: tuple[str, ...] | None = None,
+                 token_names: tuple[str, ...] = ()) -> dict[str, Any]:
+  """`count` rows of the arrays a step trains on (all, or `keys`, and the
+  per-token float arrays `token_names`), as shapes split over `mesh` like
+  the run's."""
+  rl = config.rl
+  length = rl.max_prompt_length + rl.max_new_tokens
+  group = batch_lib.Group([0], '', [[0]] * rl.num_generations,
+                          [False] * rl.num_generations,
+                          np.zeros(rl.num_generations), {},
+                          [[0.0]] * rl.num_generations)
+  arrays = batch_lib.to_arrays(
+      [group], [1.0], length, 0, None if rl.advantage == phases.GAE
+      else registry.get('advantage', rl.advantage))
+  shapes = {k: ((count,) + v.shape[1:], v.dtype) for k, v in arrays.items()
+            if keys is None or k in keys}
+  shapes.update({k: ((count, length - 1), np.float32) for k in token_names})
+  return compile_only.batch_on(mesh, config.sharding, shapes)
+
+
+def sync_phases(config: Any, programs: Plan,
+                rollout_mesh: Any) -> list[compile_only.Phase]:
+  """The weight sync's relayouts, in the run's groups and in-flight bound;
+  the engine serves the old weights until the new ones have landed."""
+  params = programs.policy.params
+  synced = compile_only.on_mesh(params, rollout_mesh, config.sharding)
+
+  def relayouts(side):
+    return lambda: reshard.compile_relayouts(
+        jax.tree.leaves(params), [x.sharding for x in jax.tree.leaves(synced)],
+        programs.sync.group_bytes)[side]
+
+  return [compile_only.Phase('weight sync in', 'rollout', relayouts('target'),
+                             held=compile_only.per_device(synced),
+                             inflight=programs.sync.max_inflight),
+          compile_only.Phase('weight sync out', 'actor', relayouts('source'),
+                             inflight=programs.sync.max_inflight)]
+
+
+def rollout_phase(config: Any, rollout_model: Any,
+                  rollout_mesh: Any) -> compile_only.Phase:
+  """The rollout engine's program for one step's samples."""
+  rl = config.rl
+  sampler = Sampler(rollout_model, pad_id=0, eos_ids=(1,), mesh=rollout_mesh,
+                    rules=config.sharding)
+  samples = rl.prompts_per_step * rl.num_generations
+  sampling = phases.sampling(rl)
+  return compile_only.Phase(
+      'rollout', 'rollout',
+      lambda: [sampler.lower(samples, rl.max_prompt_length,
+                             sampling).compile()],
+      resident_args=compile_only.per_device(nnx.state(rollout_model)),
+      note=lambda: 'KV cache ' + compile_only.size(sampler.cache_bytes(
+          samples, rl.max_prompt_length, sampling)))
