@@ -10,7 +10,7 @@ training); then the demo's GRPO stage runs from the SFT checkpoint with the
 reward model as its only reward (no exact-answer check) and is evaluated by
 exact match on 1,000 held-out problems. Prints one JSON line.
 
-  python benchmarks/reward_model.py [--steps=400] [--seed=0]
+  python benchmarks/reward_model.py [--steps=800] [--seed=0]
 
 Targets (issue 16): held-out pairwise accuracy of at least 90%; GRPO on the
 reward model gains at least 4 points of held-out accuracy.
@@ -43,7 +43,7 @@ def count(path: str) -> int:
 
 def main() -> None:
   parser = argparse.ArgumentParser()
-  parser.add_argument('--steps', type=int, default=400)
+  parser.add_argument('--steps', type=int, default=800)
   parser.add_argument('--seed', type=int, default=0)
   args = parser.parse_args()
   with tempfile.TemporaryDirectory() as workdir:
@@ -60,7 +60,7 @@ def main() -> None:
              f'--config.model.checkpoint={sft}',
              '--config.data.name=preferences', f'--config.data.manual_dir={pairs}',
              f'--config.steps={args.steps}', f'--config.seed={args.seed}',
-             '--config.eval_every=100', f'--workdir={rm}',
+             '--config.eval_every=200', f'--workdir={rm}',
              f'--config.export={os.path.join(workdir, "rm_hf")}')
     grpo = os.path.join(workdir, 'grpo_run')
     main_run('--config=tunix_pw/configs/demo.py', "--config.stages=('grpo',)",
