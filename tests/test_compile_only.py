@@ -9,7 +9,8 @@ import pytest
 
 from tests import helpers
 from tunix_pw.configs import dpo as dpo_config, ppo as ppo_config
-from tunix_pw.jobs import dpo, ppo
+from tunix_pw.configs import reward_model as rm_config
+from tunix_pw.jobs import dpo, ppo, reward_model
 from tunix_pw.models import presets
 from tunix_pw.runtime import meshes
 from tunix_pw.train import setup
@@ -184,3 +185,15 @@ def test_a_shared_critic_is_resident_beside_the_actor():
   plan = ppo.compile_plan(config, meshes.build(config.meshes, jax.devices()))
   assert {'params', 'optimizer', 'reference', 'critic params',
           'critic optimizer'} <= set(plan.resident['actor'])
+
+
+def test_reward_model_plan_counts_its_value_model():
+  """The reward model's train step on pairs of full-length rows compiles;
+  its parameters and optimizer state are resident."""
+  config = rm_config.get_config('runlocal')
+  plan = reward_model.compile_plan(config, meshes.build(config.meshes,
+                                                        jax.devices()))
+  assert [p.name for p in plan.phases] == ['train step']
+  assert set(plan.resident['actor']) == {'params', 'optimizer'}
+  [phase] = plan.phases
+  assert phase.compile()  # lowers and compiles on these CPU devices
