@@ -98,14 +98,21 @@ def pairs(config: Any, source: Any, tokenizer: Any, runtime: Any, *,
       what=what, dropping=pipeline.overlong_filter(config.data))
 
 
-def pairwise_accuracy(config: Any, model_program: program.Program,
-                      params: Any, heldout: Any) -> dict[str, float]:
+def margins_program(config: Any, model_program: program.Program):
+  """jitted (params, pairs) -> score(chosen) - score(rejected) per pair."""
+  shard = Sharder(model_program.mesh, config.sharding)
+
+  def margins(params, batch):
+    model = nnx.merge(model_program.graphdef, params)
+    return (scores(model, batch, 'chosen', shard) -
+            scores(model, batch, 'rejected', shard))
+
+  return jax.jit(margins)
+
+
+def pairwise_accuracy(config: Any, margins: Any, mesh: Any, params: Any,
+                      heldout: Any) -> dict[str, float]:
   """The share of held-out pairs whose chosen sequence scores higher."""
-  mesh = model_program.mesh
-  shard = Sharder(mesh, config.sharding)
-  margins = jax.jit(lambda params, batch: (lambda m: scores(
-      m, batch, 'chosen', shard) - scores(m, batch, 'rejected', shard))(
-          nnx.merge(model_program.graphdef, params)))
   right = total = 0
   for batch in heldout():
     margin = fetch(margins(params, pipeline.place(batch, mesh,
@@ -140,6 +147,9 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
                           what=f'the test split of {spec.name}')
   session = loop.Session('reward_model', config, runtime, workdir,
                          model_program.state, data)
+  margins = margins_program(config, model_program)  # compiled once
+  evaluate = lambda: pairwise_accuracy(
+      config, margins, mesh, session.state.params, heldout)
 
   def step(index: int) -> tuple[Any, int]:
     host = next(data)
@@ -147,15 +157,13 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
         session.state, pipeline.place(host, mesh, rules))
     done = index + 1
     if config.eval_every and done % config.eval_every == 0:
-      session.writer.write(done, pairwise_accuracy(
-          config, model_program, session.state.params, heldout))
+      session.writer.write(done, evaluate())
     return step_metrics, int(sum((host[f'{s}_segment_ids'] > 0).sum()
                                  for s in SIDES))
 
   session.save(loop.run_steps(session, preemption, step,
                               ('loss', 'accuracy')))
-  result = session.writer.write(config.steps, pairwise_accuracy(
-      config, model_program, session.state.params, heldout))
+  result = session.writer.write(config.steps, evaluate())
   session.close()
   if config.export:
     final = model_program.model(session.state.params)
