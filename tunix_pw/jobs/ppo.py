@@ -81,18 +81,20 @@ def step(parts: grpo.Parts, state: State, index: int, preemption: Preemption,
          values: Callable) -> tuple[State, dict[str, float], phases.Rollout]:
   """One PPO step, phase by phase, with preemption checks between them."""
   config, rl, timer = parts.config, parts.config.rl, phases.Timer()
+  warming = index < config.critic.warmup_steps  # the critic trains alone
   result, arrays, extra, mismatch = grpo.rollout_and_logps(
       parts, state, index, preemption, stop, timer)
   with timer('values'):
     old_values = critic_values(parts, critic, values, state, arrays)
-    logps = fetch(extra)
+    # On the host only for the KL penalty in the token rewards.
+    logps = fetch(extra) if rl.kl_in_reward and rl.kl_beta else {}
     rewards = critic_lib.token_rewards(result, arrays, logps, rl)
     advantages, returns = critic_lib.advantages(rewards, old_values, arrays,
                                                 rl)
   preemption.check(stop)
   with timer('train'):
     policy, update_metrics = state.policy, dict(mismatch)
-    if index >= config.critic.warmup_steps:
+    if not warming:
       policy, policy_metrics = grpo.update_policy(
           parts, state.policy, dict(arrays, advantages=advantages), extra)
       update_metrics.update(policy_metrics)
@@ -104,14 +106,14 @@ def step(parts: grpo.Parts, state: State, index: int, preemption: Preemption,
         phases.on_mesh(batch, critic.mesh, config.sharding), rl,
         critic.mesh, config.sharding)
   with timer('weight_sync'):
-    if index >= config.critic.warmup_steps:
+    if not warming:
       parts.sampler.update_weights(policy.params)
   mask = arrays['loss_mask'][:, 1:] * (arrays['weights'][:, None] > 0)
   mean = lambda x: float((x * mask).sum() / max(mask.sum(), 1))
   update_metrics.update(
       {f'critic/{k}': v for k, v in critic_metrics.items()},
       return_mean=mean(returns),
-      warmup=float(index < config.critic.warmup_steps))
+      warmup=float(warming))
   if rl.kl_in_reward and 'ref_logps' in logps:  # the penalty's KL (k1)
     update_metrics['kl'] = mean(logps['old_logps'] - logps['ref_logps'])
   update_metrics.setdefault('loss', critic_metrics['loss'])
