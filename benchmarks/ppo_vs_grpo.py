@@ -17,21 +17,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from runs import main_run
+
 HELDOUT = 1000
-
-
-def main_run(*args: str) -> None:
-  result = subprocess.run([sys.executable, '-m', 'tunix_pw.main', *args],
-                          cwd=ROOT, capture_output=True, text=True,
-                          check=False)
-  if result.returncode:
-    sys.exit(f'{" ".join(args)} failed:\n{result.stderr[-3000:]}')
 
 
 def gain(stage_dir: str) -> tuple[float, float]:

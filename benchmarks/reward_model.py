@@ -1,16 +1,21 @@
-"""A reward model from the demo's SFT model and its own samples, then GRPO
-on the reward model's scores alone.
+"""A reward model on the demo SFT model's own samples, then GRPO on the
+reward model's scores alone.
 
 The demo's SFT stage (2-digit additions, stopped at 35% held-out accuracy)
-in a fresh workdir; the pairs job samples it (8 completions per prompt at
-temperature 1; a pair wherever some are right and some wrong: chosen right,
-rejected wrong); the reward model trains on the train pairs from the same
-SFT checkpoint and is scored on the test pairs (prompts disjoint from
-training); then the demo's GRPO stage runs from the SFT checkpoint with the
-reward model as its only reward (no exact-answer check) and is evaluated by
-exact match on 1,000 held-out problems. Prints one JSON line.
+in a fresh workdir is the policy; the pairs job samples it (8 completions
+per prompt at temperature 1; a pair wherever some are right and some
+wrong: chosen right, rejected wrong). The reward model starts from a
+stronger checkpoint, as reward models are usually larger or better trained
+than the policy they grade: the same SFT run continued to `--rm_base_steps`
+(it then solves nearly every held-out problem), a zero-initialised head on
+top. It trains on the train pairs and is scored on the test pairs (prompts
+disjoint from training). Then the demo's GRPO stage runs from the policy's
+SFT checkpoint with the reward model as its only reward (no exact-answer
+check) and is evaluated by exact match on 1,000 held-out problems. Prints
+one JSON line.
 
-  python benchmarks/reward_model.py [--steps=800] [--seed=0]
+  python benchmarks/reward_model.py [--steps=800] [--rm_base_steps=3000]
+      [--seed=0]
 
 Targets (issue 16): held-out pairwise accuracy of at least 90%; GRPO on the
 reward model gains at least 4 points of held-out accuracy.
@@ -19,21 +24,11 @@ reward model gains at least 4 points of held-out accuracy.
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from runs import main_run
 
-
-def main_run(*args: str) -> str:
-  result = subprocess.run([sys.executable, '-m', 'tunix_pw.main', *args],
-                          cwd=ROOT, capture_output=True, text=True,
-                          check=False)
-  if result.returncode:
-    sys.exit(f'{" ".join(args)} failed:\n{result.stderr[-3000:]}')
-  return result.stdout
 
 
 def count(path: str) -> int:
@@ -44,6 +39,7 @@ def count(path: str) -> int:
 def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument('--steps', type=int, default=800)
+  parser.add_argument('--rm_base_steps', type=int, default=3000)
   parser.add_argument('--seed', type=int, default=0)
   args = parser.parse_args()
   with tempfile.TemporaryDirectory() as workdir:
@@ -55,9 +51,15 @@ def main() -> None:
              f'--config.model.checkpoint={sft}', f'--config.output_dir={pairs}',
              f'--config.seed={args.seed}',
              f'--workdir={os.path.join(workdir, "pairs_job")}')
+    base = os.path.join(workdir, 'rm_base')
+    main_run('--config=tunix_pw/configs/demo.py', "--config.stages=('sft',)",
+             f'--workdir={base}', f'--config.sft.seed={args.seed}',
+             '--config.sft.stop_at_accuracy=0',
+             f'--config.sft.steps={args.rm_base_steps}',
+             '--config.sft.eval_every=500')
     rm = os.path.join(workdir, 'rm')
     main_run('--config=tunix_pw/configs/reward_model.py:runlocal',
-             f'--config.model.checkpoint={sft}',
+             f'--config.model.checkpoint={os.path.join(base, "sft")}',
              '--config.data.name=preferences', f'--config.data.manual_dir={pairs}',
              f'--config.steps={args.steps}', f'--config.seed={args.seed}',
              '--config.eval_every=200', f'--workdir={rm}',
@@ -73,10 +75,14 @@ def main() -> None:
                   if 'eval/accuracy' in m]
     with open(os.path.join(rm, 'metrics.jsonl')) as f:
       evals = [m for m in map(json.loads, f) if 'eval/pairwise_accuracy' in m]
+    with open(os.path.join(base, 'sft', 'metrics.jsonl')) as f:
+      base_accuracy = [m['eval/accuracy'] for m in map(json.loads, f)
+                       if 'eval/accuracy' in m][-1]
     print(json.dumps(dict(
         benchmark='reward_model', seed=args.seed, steps=args.steps,
         train_pairs=count(os.path.join(pairs, 'train.jsonl')),
         test_pairs=count(os.path.join(pairs, 'test.jsonl')),
+        rm_base_accuracy=base_accuracy,
         pairwise_accuracy={m['step']: round(m['eval/pairwise_accuracy'], 4)
                            for m in evals},
         grpo_on_reward_model=dict(start=accuracy[0], end=accuracy[-1],

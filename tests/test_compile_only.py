@@ -64,12 +64,15 @@ def test_grpo_gemma3_1b_fits_a_v5e_16(tmp_path):
   assert 'peak' in result.stdout and 'fits' in result.stdout
 
 
-def test_dpo_compiles_its_train_step_and_reference(tmp_path):
-  """A DPO check through main: the train step on pairs and the
+@pytest.mark.parametrize('algorithm', ['dpo', 'kto'])
+def test_dpo_compiles_its_train_step_and_reference(tmp_path, algorithm):
+  """A DPO (KTO) check through main: the train step on pairs (on each
+  pair's two sides as examples, with their mismatched sequences) and the
   reference's log-probabilities, the reference copy resident beside the
   actor's state."""
   result = helpers.run_main(
       '--config=tunix_pw/configs/dpo.py:tiny-gemma3', '--config.batch_size=16',
+      f'--config.dpo.algorithm={algorithm}',
       '--config.data.max_length=64', '--compile_topology=v5litepod-16',
       f'--workdir={tmp_path}', timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
@@ -92,6 +95,10 @@ def test_dpo_compiles_its_train_step_and_reference(tmp_path):
     ('dpo', 4, ['train step', 'reference logps'],
      {'params', 'optimizer', 'frozen base'}),
     ('orpo', 0, ['train step'], {'params', 'optimizer'}),
+    ('kto', 0, ['train step', 'reference logps'],
+     {'params', 'optimizer', 'reference'}),
+    ('kto', 4, ['train step', 'reference logps'],
+     {'params', 'optimizer', 'frozen base'}),
 ])
 def test_dpo_plan_by_algorithm_and_lora(algorithm, lora, phases, resident):
   """The plan itself, on this CPU's devices (nothing compiled)."""

@@ -105,3 +105,22 @@ def test_missing_manual_files_and_unknown_names(tmp_path):
     pipeline.DataSpec('chat', str(tmp_path)).builder()
   with pytest.raises(UsageError, match="name='wiki' is unknown"):
     pipeline.DataSpec('wiki', str(tmp_path)).builder()
+
+
+def test_unpaired_examples_and_their_labels(tmp_path):
+  write(tmp_path / 'jsonl', [
+      {'prompt': '2+2=', 'completion': '4', 'label': True},
+      {'prompt': '2+2=', 'completion': '5', 'label': False}])
+  sources, _ = load(tmp_path, 'unpaired')
+  assert [builders.decode(sources['train'][i]) for i in range(2)] == [
+      {'prompt': '2+2=', 'completion': '4', 'label': True},
+      {'prompt': '2+2=', 'completion': '5', 'label': False}]
+
+
+def test_an_unpaired_label_must_be_a_boolean(tmp_path):
+  write(tmp_path / 'jsonl', [
+      {'prompt': '2+2=', 'completion': '4', 'label': True},
+      {'prompt': '2+2=', 'completion': '5', 'label': 'no'}])
+  with pytest.raises(UsageError,
+                     match="train.jsonl:2: field 'label' is not true or false"):
+    load(tmp_path, 'unpaired')

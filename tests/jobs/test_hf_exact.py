@@ -126,7 +126,8 @@ def test_hostile_chat_template_exits_2_fast(checkpoint, tmp_path):
 EXPORTS = {
     'sft': ['--config.batch_size=16', '--config.data.max_length=24',
             '--config.eval_examples=0'],
-    'dpo': ['--config.batch_size=8', '--config.data.max_length=24'],
+    'dpo': ['--config.batch_size=8', '--config.data.max_length=24',
+            '--config.eval_batch_size=8'],
     'grpo': ['--config.rl.prompts_per_step=4', '--config.rl.num_generations=2',
              '--config.rl.mini_batch_size=8', '--config.rl.micro_batch_size=8',
              '--config.rl.logps_micro_batch_size=8',

@@ -107,8 +107,52 @@ def test_pairs_from_a_trained_model_train_a_reward_model(trained_sft,
       '--config=tunix_pw/configs/reward_model.py:runlocal',
       f'--config.model.checkpoint={sft}', '--config.data.name=preferences',
       f'--config.data.manual_dir={pairs_dir}', '--config.steps=4',
-      '--config.batch_size=8', f'--workdir={tmp_path / "rm"}')
+      '--config.batch_size=8', '--config.eval_batch_size=4',
+      f'--workdir={tmp_path / "rm"}')
   assert result.returncode == 0, result.stderr[-3000:]
+  assert 'held-out pairwise accuracy' in result.stdout
+
+
+def test_unpaired_records_from_a_trained_model_train_kto(trained_sft,
+                                                         tmp_path):
+  """format=unpaired labels every distinct sample of every prompt, right
+  or wrong (prompts whose samples all agree too); KTO trains on them and is
+  evaluated on the pairs their test split holds."""
+  result, sft = trained_sft
+  assert result.returncode == 0, result.stderr[-3000:]
+  out = tmp_path / 'unpaired'
+  result = helpers.run_main(
+      '--config=tunix_pw/configs/pairs.py:runlocal', '--config.format=unpaired',
+      f'--config.model.checkpoint={sft}', '--config.train_prompts=64',
+      '--config.test_prompts=256', f'--config.output_dir={out}',
+      f'--workdir={tmp_path / "job"}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = [json.loads(line) for line in
+          (out / 'train.jsonl').read_text().splitlines()]
+  by_prompt = {}
+  for row in rows:
+    a, b = row['prompt'].rstrip('=').split('+')
+    assert row['label'] == (row['completion'].strip() == str(int(a) + int(b)))
+    by_prompt.setdefault(row['prompt'], []).append(row['completion'])
+  assert len(by_prompt) == 64  # every prompt, all right or all wrong too
+  assert all(len(set(c)) == len(c) for c in by_prompt.values())
+  assert {True, False} <= {r['label'] for r in rows}
+  result = helpers.run_main(
+      '--config=tunix_pw/configs/dpo.py:runlocal', '--config.dpo.algorithm=kto',
+      f'--config.model.checkpoint={sft}', '--config.data.name=unpaired',
+      f'--config.data.manual_dir={out}', '--config.steps=2',
+      '--config.log_every=1', '--config.eval_batch_size=2',
+      '--config.batch_size=8', f'--workdir={tmp_path / "kto"}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  logged = metrics.read(str(tmp_path / 'kto'))
+  assert [m['step'] for m in logged if 'loss' in m] == [1, 2]
+  # Held out: each test prompt's first right sample over its first wrong.
+  test = [json.loads(line) for line in
+          (out / 'test.jsonl').read_text().splitlines()]
+  mixed = {r['prompt'] for r in test if r['label']} & {
+      r['prompt'] for r in test if not r['label']}
+  assert len(mixed) >= 2  # the model is right most of the time
+  assert logged[-1]['eval/pairs'] == len(mixed) // 2 * 2
   assert 'held-out pairwise accuracy' in result.stdout
 
 

@@ -1,4 +1,4 @@
-"""SFT, DPO and ORPO through main: pulses on 8 devices (fsdp=4, tp=2),
+"""SFT, DPO, ORPO and KTO through main: pulses on 8 devices (fsdp=4, tp=2),
 learning, metrics files, bit-identical resume after SIGKILL, torn
 checkpoints, preemption."""
 
@@ -31,6 +31,8 @@ ONE_DEVICE = ['--config.runtime.host_device_count=1',
     (DPO, []),
     (DPO, ['--config.dpo.algorithm=orpo']),
     (DPO, ['--config.lora.rank=4']),  # reference: the shared base
+    (DPO, ['--config.dpo.algorithm=kto']),
+    (DPO, ['--config.dpo.algorithm=kto', '--config.lora.rank=4']),
 ])
 def test_two_step_pulse_on_fsdp4_tp2(tmp_path, config, extra):
   result = helpers.run_main(config, '--config.steps=2', '--config.log_every=1',
@@ -139,20 +141,59 @@ def test_sigterm_checkpoints_then_exits_42_and_resumes(tmp_path):
       again.stdout
 
 
-@pytest.mark.parametrize('algorithm', ['dpo', 'orpo'])
-def test_a_few_steps_raise_the_margin_on_a_tiny_preference_set(tmp_path,
-                                                               algorithm):
+@pytest.mark.parametrize('algorithm, rising', [('dpo', 'margin'),
+                                               ('orpo', 'margin'),
+                                               ('kto', 'preferred')])
+def test_a_few_steps_learn_a_tiny_preference_set(tmp_path, algorithm, rising):
+  """DPO and ORPO widen the margin, KTO puts every example on its label's
+  side of the reference point; the held-out pairs are then evaluated."""
   result = helpers.run_main(DPO, *ONE_DEVICE,
                             '--config.meshes.reference.axes=fsdp=1',
                             f'--config.dpo.algorithm={algorithm}',
                             '--config.data.arithmetic.train_size=32',
                             '--config.data.arithmetic.test_size=8',
+                            '--config.eval_batch_size=8',
                             '--config.steps=20', '--config.log_every=5',
                             f'--workdir={tmp_path}')
   assert result.returncode == 0, result.stderr[-2000:]
-  margins = [m['margin'] for m in metrics.read(str(tmp_path))]
-  assert margins == sorted(margins) and margins[-1] > margins[0] + 1.0
-  assert [m['preferred'] for m in metrics.read(str(tmp_path))][-1] == 1.0
+  logged = metrics.read(str(tmp_path))
+  trend = [m[rising] for m in logged if 'loss' in m]
+  assert trend == sorted(trend) and trend[-1] > trend[0]
+  if rising == 'margin':
+    assert trend[-1] > trend[0] + 1.0
+  assert [m['preferred'] for m in logged if 'loss' in m][-1] == 1.0
+  assert logged[-1]['eval/pairs'] == 8
+  assert 'held-out pairwise accuracy' in result.stdout
+
+
+def test_too_few_held_out_pairs_for_one_batch_exit_2_before_training(
+    tmp_path):
+  result = helpers.run_main(DPO, *ONE_DEVICE,
+                            '--config.meshes.reference.axes=fsdp=1',
+                            '--config.data.arithmetic.test_size=8',
+                            f'--workdir={tmp_path}')
+  assert result.returncode == 2
+  [line] = helpers.error_lines(result.stderr)
+  assert 'the test split of arithmetic has 8 examples, fewer than one ' \
+      'evaluation batch (--config.eval_batch_size=100)' in line
+  assert not (tmp_path / 'checkpoints').exists()
+
+
+@pytest.mark.parametrize('flags, says', [
+    (['--config.dpo.algorithm=kto', '--config.data.name=gsm8k',
+      '--config.data.manual_dir=/nonexistent'],
+     "use 'preferences' (or 'arithmetic' for a built-in set), or 'unpaired'"),
+    (['--config.data.name=unpaired', '--config.data.manual_dir=/nonexistent'],
+     "--config.data.name='unpaired' has no preference pairs"),
+    (['--config.dpo.algorithm=kto', '--config.dpo.kto_lambda_undesirable=0'],
+     'kto_lambda_undesirable must be positive'),
+])
+def test_preference_config_errors(tmp_path, flags, says):
+  result = helpers.run_main(DPO, *flags, '--check_only',
+                            f'--workdir={tmp_path}')
+  assert result.returncode == 2
+  [line] = helpers.error_lines(result.stderr)
+  assert says in line
 
 
 def test_two_controllers_resume_bit_identical(tmp_path):

@@ -1,5 +1,6 @@
 """The train step: gradient accumulation equals the full batch; preference
-losses equal hand computations of the published formulas."""
+losses (DPO, IPO, ORPO, KTO) equal hand computations of the published
+formulas; KTO's batches."""
 
 from flax import nnx
 import jax
@@ -7,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from tunix_pw.data import pipeline
+from tunix_pw.data import formats, pipeline
 from tunix_pw.jobs.sft import sft_loss
 from tunix_pw.models import checkpoints, presets
 from tunix_pw.train import losses, step as step_lib
@@ -78,6 +79,63 @@ def test_orpo_equals_hand_computation():
       losses.orpo(losses.Pair(chosen_sum, chosen_n, rejected_sum,
                               rejected_n), 0.0, lam),
       [expected], rtol=1e-6)
+
+
+def test_kto_equals_hand_computation():
+  # KTO (Ethayarajh et al. 2024, eq. 8): r = log pi/ref; z0 = max(0, mean
+  # r of mismatched completions), no gradient; desirable: lambda_D (1 -
+  # sigmoid(beta (r - z0))), undesirable: lambda_U (1 - sigmoid(beta (z0 -
+  # r))).
+  logps, ref = jnp.array([-2.0, -6.0, -3.0]), jnp.array([-3.0, -5.0, -3.5])
+  mismatched = jnp.array([-9.0, -7.0, -8.0])
+  ref_mismatched = jnp.array([-10.0, -7.5, -8.0])  # mean r: 0.5
+  desirable = jnp.array([1.0, 0.0, 0.0])
+  beta, lam_d, lam_u = 0.5, 1.0, 1.5
+  sigmoid = lambda x: 1 / (1 + np.exp(-x))
+  r, z0 = np.array([1.0, -1.0, 0.5]), 0.5
+  expected = [lam_d * (1 - sigmoid(beta * (r[0] - z0))),
+              lam_u * (1 - sigmoid(beta * (z0 - r[1]))),
+              lam_u * (1 - sigmoid(beta * (z0 - r[2])))]
+  batch = losses.Unpaired(logps, ref, mismatched, ref_mismatched, desirable)
+  np.testing.assert_allclose(losses.kto(batch, beta, lam_d, lam_u), expected,
+                             rtol=1e-6)
+  # The reference point is floored at 0 and carries no gradient.
+  below = batch._replace(ref_mismatched=mismatched + 1.0)
+  assert float(losses.kto_reference_point(below)) == 0.0
+  grad = jax.grad(lambda m: losses.kto_reference_point(
+      batch._replace(mismatched=m)))(mismatched)
+  np.testing.assert_array_equal(grad, np.zeros(3))
+
+
+def test_kto_batch_splits_pairs_and_mismatches_completions():
+  """Each pair gives a desirable and an undesirable example (chosen sides
+  first); each example's mismatched sequence is its prompt and the next
+  example's completion."""
+  def side(prompt, completion):
+    return (np.array(prompt + completion, np.int32),
+            np.array([0] * len(prompt) + [1] * len(completion), np.int32))
+
+  rows = []
+  for prompt, chosen, rejected in (([1, 2], [3], [4, 5]), ([6], [7, 8], [9])):
+    row = {}
+    for name, completion in (('chosen', chosen), ('rejected', rejected)):
+      row[f'{name}_tokens'], row[f'{name}_loss_mask'] = side(prompt,
+                                                            completion)
+    rows.append(row)
+  batch = formats.kto_batch(rows, length=6, pad_id=0)
+  np.testing.assert_array_equal(batch['desirable'], [1, 1, 0, 0])
+  np.testing.assert_array_equal(batch['completion_tokens'], [
+      [1, 2, 3, 0, 0, 0], [6, 7, 8, 0, 0, 0],
+      [1, 2, 4, 5, 0, 0], [6, 9, 0, 0, 0, 0]])
+  # Prompts: 1 2 | 6 | 1 2 | 6; completions of the next example.
+  np.testing.assert_array_equal(batch['mismatched_tokens'], [
+      [1, 2, 7, 8, 0, 0], [6, 4, 5, 0, 0, 0],
+      [1, 2, 9, 0, 0, 0], [6, 3, 0, 0, 0, 0]])
+  np.testing.assert_array_equal(batch['mismatched_loss_mask'], [
+      [0, 0, 1, 1, 0, 0], [0, 1, 1, 0, 0, 0],
+      [0, 0, 1, 0, 0, 0], [0, 1, 0, 0, 0, 0]])
+  np.testing.assert_array_equal(batch['mismatched_segment_ids'] > 0,
+                                batch['mismatched_tokens'] > 0)
 
 
 def test_a_non_finite_step_is_skipped_and_counted():

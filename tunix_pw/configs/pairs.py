@@ -23,6 +23,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.seed = 0
   c.model = common.model('tiny-gemma' if local else arg)
   c.data = common.data('arithmetic' if local else 'gsm8k')
+  c.format = 'pairs'  # pairs (preferences) | unpaired (labelled, for KTO)
   c.samples = 8  # completions per prompt
   c.train_prompts = 4000 if local else 20000  # prompts sampled per split
   c.test_prompts = 1000 if local else 2000

@@ -5,6 +5,7 @@
 - `gsm8k`: GSM8K's published JSONL (`question`, `answer` ending in
   `#### <number>`), with the final number extracted for rewards.
 - `preferences`: prompt / chosen / rejected, for DPO and ORPO.
+- `unpaired`: prompt / completion / label (true: desirable), for KTO.
 - `chat`: multi-turn `messages`, for SFT.
 
 The JSONL builders read `<manual_dir>/{train,test}.jsonl`. A malformed line,
@@ -232,6 +233,25 @@ class Preferences(_JsonlBuilder):
   FIELDS = ('prompt', 'chosen', 'rejected')
 
 
+class Unpaired(_JsonlBuilder):
+  """{"prompt", "completion", "label": true | false} per line (the
+  layout of TRL's unpaired preference sets): KTO's desirable and
+  undesirable examples."""
+
+  BUILDER_CONFIGS = [JsonlConfig(name='default')]
+
+  def _features(self):
+    return tfds.features.FeaturesDict(dict(
+        prompt=tfds.features.Text(), completion=tfds.features.Text(),
+        label=tfds.features.Scalar(np.bool_)))
+
+  def _parse(self, record):
+    if not isinstance(record['label'], bool):
+      raise ValueError('field \'label\' is not true or false')
+    return dict(prompt=_text(record, 'prompt'),
+                completion=_text(record, 'completion'), label=record['label'])
+
+
 class Chat(_JsonlBuilder):
   """{"messages": [{"role", "content"}, ...]} per line; the last message is
   the one SFT learns."""
@@ -252,7 +272,7 @@ class Chat(_JsonlBuilder):
 
 
 BUILDERS = {'arithmetic': Arithmetic, 'gsm8k': Gsm8k,
-            'preferences': Preferences, 'chat': Chat}
+            'preferences': Preferences, 'unpaired': Unpaired, 'chat': Chat}
 
 
 def decode(example: dict[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 `prompt_and_answer` says what each dataset asks and answers; the transforms
 tokenize that (through the chat template when asked) into what the jobs
 consume: SFT sequences with a loss mask on the completion, RL prompts with
-their reference answers, preference pairs.
+their reference answers, preference pairs, KTO's labelled examples.
 """
 
 from __future__ import annotations
@@ -126,5 +126,56 @@ def pad_pairs(rows: list[dict[str, Any]], length: int,
     padded = pipeline.pad_batch(
         [dict(tokens=r[f'{side}_tokens'], loss_mask=r[f'{side}_loss_mask'])
          for r in rows], length, pad_id)
+    out.update({f'{side}_{k}': v for k, v in padded.items()})
+  return out
+
+
+def unpaired_transform(name: str, tokenizer: Tokenizer, max_length: int,
+                       overlong: str, chat: bool) -> Callable:
+  """Example -> KTO's labelled sequence (`unpaired` data), or, for a set of
+  pairs, the pair (split by `kto_batch` into a desirable and an undesirable
+  example)."""
+  if name != 'unpaired':
+    return preference_transform(name, tokenizer, max_length, overlong, chat)
+
+  def transform(example, counters):
+    prompt_ids = tokenizers.encode_prompt(tokenizer, example['prompt'], chat)
+    completion = tokenizer.encode(example['completion']) + [tokenizer.eos_id]
+    row = pipeline.fit(prompt_ids + completion,
+                       [0] * len(prompt_ids) + [1] * len(completion),
+                       max_length, overlong, counters)
+    return row and dict(completion_tokens=row['tokens'],
+                        completion_loss_mask=row['loss_mask'],
+                        desirable=np.float32(example['label']))
+
+  return transform
+
+
+def kto_batch(rows: list[dict[str, Any]], length: int,
+              pad_id: int) -> dict[str, Any]:
+  """KTO's batch: each example (a pair's chosen side is desirable, its
+  rejected side undesirable; all chosen sides first) and its mismatched
+  sequence, its prompt with the next example's completion (the batch's
+  KL estimate, Ethayarajh et al. 2024)."""
+  if 'chosen_tokens' in rows[0]:
+    rows = [dict(completion_tokens=r[f'{side}_tokens'],
+                 completion_loss_mask=r[f'{side}_loss_mask'],
+                 desirable=np.float32(side == 'chosen'))
+            for side in ('chosen', 'rejected') for r in rows]
+  parts = [(r['completion_tokens'], r['completion_loss_mask'].astype(bool))
+           for r in rows]
+  mismatched = []
+  for (tokens, mask), (other, other_mask) in zip(parts,
+                                                 parts[1:] + parts[:1]):
+    prompt, completion = tokens[~mask], other[other_mask]
+    mismatched.append(dict(
+        tokens=np.concatenate([prompt, completion])[:length],
+        loss_mask=np.concatenate([np.zeros_like(prompt),
+                                  np.ones_like(completion)])[:length]))
+  out = {'desirable': np.asarray([r['desirable'] for r in rows], np.float32)}
+  for side, examples in (('completion', [dict(tokens=t, loss_mask=m)
+                                         for t, m in parts]),
+                         ('mismatched', mismatched)):
+    padded = pipeline.pad_batch(examples, length, pad_id)
     out.update({f'{side}_{k}': v for k, v in padded.items()})
   return out

@@ -154,6 +154,15 @@ def pad_batch(examples: Sequence[dict[str, np.ndarray]], length: int,
               positions=positions)
 
 
+def check_eval_batch(source: Any, batch_size: int, what: str) -> None:
+  """A held-out split must fill one evaluation batch (a one-pass pipeline
+  drops the last partial batch)."""
+  if len(source) < batch_size:
+    raise UsageError(f'{what} has {len(source)} examples, fewer than one '
+                     f'evaluation batch (--config.eval_batch_size='
+                     f'{batch_size}); lower it.')
+
+
 class Pipeline:
   """Batches of one split for this process, seeded and resumable on any
   process count.

@@ -1,9 +1,10 @@
-"""DPO, IPO and ORPO: preference tuning, one explicit loop.
+"""DPO, IPO, ORPO and KTO: preference tuning, one explicit loop.
 
-data (prompt, chosen, rejected) -> reference log-probabilities of both
-completions (frozen initial policy on the reference mesh; none for ORPO)
--> train step (gradient accumulation) -> metrics -> checkpoint ->
-preemption check.
+data (prompt, chosen, rejected; for KTO labelled examples, or pairs split
+into a desirable and an undesirable example) -> reference log-probabilities
+(frozen initial policy on the reference mesh; none for ORPO) -> train step
+(gradient accumulation) -> metrics -> held-out pairwise accuracy ->
+checkpoint -> preemption check.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from tunix_pw import checks, compile_only
-from tunix_pw.data import formats, pipeline
+from tunix_pw.data import builders, formats, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints
 from tunix_pw.rl import registry
 from tunix_pw.runtime import backend, meshes as meshes_lib
+from tunix_pw.runtime.fetch import fetch
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.train import loop, losses, metrics, optim, program, scoring
@@ -29,21 +31,33 @@ from tunix_pw.train import setup
 from tunix_pw.train import step as step_lib
 
 SIDES = ('chosen', 'rejected')
+KTO_SIDES = ('completion', 'mismatched')  # see formats.kto_batch
+PAIRED = ('preferences', 'arithmetic')  # data with (held-out) pairs
+
+
+def sides(algorithm: str) -> tuple[str, str]:
+  return KTO_SIDES if algorithm == 'kto' else SIDES
 
 
 def validate(config: Any) -> None:
   checks.at_least_one(config, '--config', 'steps', 'batch_size',
-                      'micro_batches', 'log_every')
+                      'micro_batches', 'log_every', 'eval_batch_size')
+  kto = config.dpo.algorithm == 'kto'
+  if config.data.name not in PAIRED + (('unpaired',) if kto else ()):
+    also = ", or 'unpaired' (labelled examples)" if kto else ''
+    raise UsageError(f'--config.data.name={config.data.name!r} has no '
+                     "preference pairs; use 'preferences' (or 'arithmetic' "
+                     f'for a built-in set){also}.')
   checkpoints.check_model_block(config.model)
   pipeline.check_data_block(config.data)
   optim.check(config.optimizer)
   setup.check_lora_block(config.lora)
   registry.check('preference_loss', config.dpo.algorithm,
                  '--config.dpo.algorithm')
-  if config.data.name not in ('preferences', 'arithmetic'):
-    raise UsageError(f'--config.data.name={config.data.name!r} has no '
-                     "preference pairs; use 'preferences' (or 'arithmetic' "
-                     'for a built-in set).')
+  if min(config.dpo.kto_lambda_desirable,
+         config.dpo.kto_lambda_undesirable) <= 0:
+    raise UsageError('--config.dpo.kto_lambda_desirable and '
+                     '--config.dpo.kto_lambda_undesirable must be positive.')
   if config.dpo.beta <= 0:
     raise UsageError(f'--config.dpo.beta={config.dpo.beta} must be positive.')
   if config.steps < 1 or config.batch_size % config.micro_batches:
@@ -64,9 +78,29 @@ def sequence_logps(model, batch, side: str, shard: Sharder = Sharder()):
   return -(nll * weight).sum(-1), weight.sum(-1)
 
 
+def kto_loss(model, batch, *, beta: float, lambdas: tuple[float, float],
+             shard: Sharder):
+  """KTO's loss over labelled examples; `preferred`: examples whose reward
+  sits on their label's side of the reference point."""
+  (logps, _), (mismatched, _) = (sequence_logps(model, batch, side, shard)
+                                 for side in KTO_SIDES)
+  examples = losses.Unpaired(logps, batch['ref_completion'], mismatched,
+                             batch['ref_mismatched'], batch['desirable'])
+  per_example = losses.kto(examples, beta, *lambdas)
+  z0 = losses.kto_reference_point(examples)
+  side = (logps - examples.ref_logps - z0) * (2 * examples.desirable - 1)
+  count = jnp.float32(per_example.shape[0])
+  return per_example.sum(), dict(weight=count, kl=z0 * count,
+                                 preferred=(side > 0).sum().astype(
+                                     jnp.float32))
+
+
 def preference_loss(model, batch, rng, *, algorithm: str, beta: float,
-                    lam: float, shard: Sharder = Sharder()):
+                    lam: float, kto_lambdas: tuple[float, float] = (1., 1.),
+                    shard: Sharder = Sharder()):
   del rng
+  if algorithm == 'kto':
+    return kto_loss(model, batch, beta=beta, lambdas=kto_lambdas, shard=shard)
   pair = losses.Pair(*sequence_logps(model, batch, 'chosen', shard),
                      *sequence_logps(model, batch, 'rejected', shard),
                      batch.get('ref_chosen'), batch.get('ref_rejected'))
@@ -90,88 +124,168 @@ def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
       config, mesh, functools.partial(
           preference_loss, algorithm=config.dpo.algorithm,
           beta=config.dpo.beta, lam=config.dpo.orpo_lambda,
+          kto_lambdas=(config.dpo.kto_lambda_desirable,
+                       config.dpo.kto_lambda_undesirable),
           shard=Sharder(mesh, config.sharding)),
       micro_batches=config.micro_batches, total_updates=config.steps,
       abstract=abstract)
 
 
-def make_reference_logps(config: Any, graphdef: Any, mesh: Any):
-  """Jitted (reference state, pairs) -> the summed log-probabilities of
-  the chosen and the rejected completions."""
+def make_logps(config: Any, graphdef: Any, mesh: Any,
+               names: tuple[str, str] = SIDES):
+  """Jitted (a whole model's state, batch) -> the summed log-probabilities
+  of both sequences `names` (chosen and rejected, or KTO's)."""
   shard = Sharder(mesh, config.sharding)
   return jax.jit(lambda state, batch: tuple(
       sequence_logps(nnx.merge(graphdef, state), batch, side, shard)[0]
-      for side in SIDES))
+      for side in names))
 
 
 def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
   """The train step and the reference's log-probabilities from shapes,
   for compile-only checks (pairs of full `max_length` rows)."""
-  rules = config.sharding
+  rules, algorithm = config.sharding, config.dpo.algorithm
   policy = plan(config, meshes, abstract=True)
-  shape = (config.batch_size, config.data.max_length)
-  pairs = {f'{side}_{key}': (shape, np.int32) for side in SIDES
+  # A KTO batch of pairs holds both sides of each as examples.
+  rows = config.batch_size * (2 if algorithm == 'kto' and
+                              config.data.name in PAIRED else 1)
+  shape, names = (rows, config.data.max_length), sides(algorithm)
+  pairs = {f'{side}_{key}': (shape, np.int32) for side in names
            for key in ('tokens', 'positions', 'segment_ids', 'loss_mask')}
-  references = {} if config.dpo.algorithm == 'orpo' else {
-      f'ref_{side}': ((config.batch_size,), np.float32) for side in SIDES}
+  if algorithm == 'kto':
+    pairs['desirable'] = ((rows,), np.float32)
+  references = {} if algorithm == 'orpo' else {
+      f'ref_{side}': ((rows,), np.float32) for side in names}
   phases = [program.train_phase(policy, compile_only.batch_on(
       policy.mesh, rules, {**pairs, **references}))]
   resident = {'actor': program.resident(policy)}
   if references:
     phases.append(compile_only.reference_phase(
         config, meshes, nnx.state(policy.model()),
-        lambda ref_mesh, ref_state: make_reference_logps(
-            config, policy.full_graphdef, ref_mesh).lower(
+        lambda ref_mesh, ref_state: make_logps(
+            config, policy.full_graphdef, ref_mesh, names).lower(
                 ref_state, compile_only.batch_on(ref_mesh, rules, pairs)),
         resident))
   return compile_only.Plan(resident, phases)
+
+
+def pair_pipeline(config: Any, source: Any, name: str, tokenizer: Any,
+                  runtime: Any, transform: Any, batch_fn: Any, *,
+                  batch_size: int, epochs: int | None,
+                  what: str) -> pipeline.Pipeline:
+  length = config.data.max_length
+  return pipeline.Pipeline(
+      source, transform(name, tokenizer, length, config.data.overlong,
+                        config.data.chat),
+      batch_size=batch_size, seed=config.seed, num_epochs=epochs,
+      process_index=runtime.process_index,
+      process_count=runtime.process_count,
+      batch_fn=lambda rows: batch_fn(rows, length, tokenizer.pad_id),
+      what=what, dropping=pipeline.overlong_filter(config.data))
+
+
+def pairs_of_labelled(source: Any) -> list[dict[str, str]]:
+  """Held-out pairs from labelled examples: each prompt's first desirable
+  completion over its first undesirable one (prompts with both)."""
+  first = {}
+  for i in range(len(source)):
+    example = builders.decode(source[i])
+    first.setdefault(example['prompt'], {}).setdefault(
+        bool(example['label']), example['completion'])
+  return [dict(prompt=prompt, chosen=sides[True], rejected=sides[False])
+          for prompt, sides in first.items() if len(sides) == 2]
+
+
+def pairwise_accuracy(algorithm: str, policy_logps: Any, reference_logps: Any,
+                      heldout: Any) -> dict[str, float]:
+  """The share of held-out pairs the policy prefers the right way: by the
+  implicit reward margin (pi_c - pi_r) - (ref_c - ref_r), or, for ORPO
+  (no reference), by the mean log-probability per completion token."""
+  right = total = 0
+  for batch in heldout():
+    chosen, rejected = fetch(policy_logps(batch))
+    if algorithm == 'orpo':
+      lengths = [batch[f'{side}_loss_mask'].sum(-1) for side in SIDES]
+      margin = chosen / lengths[0] - rejected / lengths[1]
+    else:
+      ref_chosen, ref_rejected = fetch(reference_logps(batch))
+      margin = (chosen - rejected) - (ref_chosen - ref_rejected)
+    right, total = right + int((margin > 0).sum()), total + margin.size
+  return {'eval/pairwise_accuracy': right / max(total, 1),
+          'eval/pairs': total}
 
 
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
         workdir: str, preemption: Preemption) -> None:
   mesh, rules = meshes['actor'], config.sharding
   algorithm = config.dpo.algorithm
+  kto = algorithm == 'kto'
   policy = plan(config, meshes, abstract=False)
   tokenizer = setup.tokenizer(config.model)
 
-  reference = None
+  reference = reference_logps = None
   if algorithm != 'orpo':
     scorer = scoring.reference(config, policy, meshes, runtime)
-    reference = make_reference_logps(config, scorer.graphdef, scorer.mesh)
+    reference = make_logps(config, scorer.graphdef, scorer.mesh,
+                           sides(algorithm))
+    pair_reference = (make_logps(config, scorer.graphdef, scorer.mesh)
+                      if kto else reference)
+    reference_logps = lambda batch: pair_reference(
+        scorer.state, pipeline.place(batch, scorer.mesh, rules))
 
   spec = pipeline.DataSpec.from_block(config.data)
   sources, _ = pipeline.prepare(spec, runtime)
-  length = config.data.max_length
-  data = pipeline.Pipeline(
-      sources['train'], formats.preference_transform(
-          spec.name, tokenizer, length, config.data.overlong,
-          config.data.chat),
-      batch_size=config.batch_size, seed=config.seed, num_epochs=None,
-      process_index=runtime.process_index,
-      process_count=runtime.process_count,
-      batch_fn=lambda rows: formats.pad_pairs(rows, length, tokenizer.pad_id),
-      what=f'the train split of {spec.name}',
-      dropping=pipeline.overlong_filter(config.data))
-
+  heldout = (sources['test'] if spec.name in PAIRED else
+             pairs_of_labelled(sources['test']))
+  heldout_name = spec.name if spec.name in PAIRED else 'preferences'
+  what = f'the test split of {spec.name}' + (
+      '' if spec.name in PAIRED else ' (its pairs)')
+  pipeline.check_eval_batch(heldout, config.eval_batch_size, what)
+  data = pair_pipeline(
+      config, sources['train'], spec.name, tokenizer, runtime,
+      formats.unpaired_transform if kto else formats.preference_transform,
+      formats.kto_batch if kto else formats.pad_pairs,
+      batch_size=config.batch_size, epochs=None,
+      what=f'the train split of {spec.name}')
   session = loop.Session(algorithm, config, runtime, workdir, policy.state,
                          data)
+  policy_logps = make_logps(config, policy.full_graphdef, mesh)
+
+  @functools.cache  # the last step may be an eval_every step too
+  def evaluate(done: int) -> dict[str, float]:
+    return session.writer.write(done, pairwise_accuracy(
+        algorithm,
+        lambda batch: policy_logps(nnx.state(policy.model(
+            session.state.params)), pipeline.place(batch, mesh, rules)),
+        reference_logps,
+        lambda: pair_pipeline(
+            config, heldout, heldout_name, tokenizer, runtime,
+            formats.preference_transform, formats.pad_pairs,
+            batch_size=config.eval_batch_size, epochs=1, what=what)))
 
   def step(index: int) -> tuple[Any, int]:
-    del index
     host = next(data)
     batch = pipeline.place(host, mesh, rules)
     if reference is not None:
-      batch['ref_chosen'], batch['ref_rejected'] = reference(
-          scorer.state, pipeline.place(host, scorer.mesh, rules))
+      for side, logps in zip(sides(algorithm), reference(
+          scorer.state, pipeline.place(host, scorer.mesh, rules))):
+        batch[f'ref_{side}'] = logps
     session.state, step_metrics = policy.train_step(session.state, batch)
-    return step_metrics, int((host['chosen_segment_ids'] > 0).sum() +
-                             (host['rejected_segment_ids'] > 0).sum())
+    done = index + 1
+    if config.eval_every and done % config.eval_every == 0:
+      evaluate(done)
+    return step_metrics, int(sum((host[f'{side}_segment_ids'] > 0).sum()
+                                 for side in sides(algorithm)))
 
-  session.save(loop.run_steps(session, preemption, step, ('loss', 'margin')))
+  session.save(loop.run_steps(session, preemption, step,
+                              ('loss', 'kl' if kto else 'margin')))
+  result = evaluate(config.steps)
   session.close()
   if config.export:
     setup.export(config, policy.model(session.state.params))
   if runtime.is_coordinator:
-    last = metrics.read(workdir)[-1]
+    last = [m for m in metrics.read(workdir) if 'loss' in m][-1]
     print(f'{algorithm}: loss {last["loss"]:.4f}, preferred '
-          f'{last["preferred"]:.1%} of pairs, margin {last["margin"]:.4f}')
+          f'{last["preferred"]:.1%} of {"examples" if kto else "pairs"}; '
+          f'held-out pairwise accuracy {result["eval/pairwise_accuracy"]:.1%}'
+          f' of {int(result["eval/pairs"])} pairs')

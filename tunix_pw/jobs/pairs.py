@@ -1,12 +1,13 @@
-"""Pairs: preference pairs from a checkpoint's own samples on a task with
+"""Pairs: preference data from a checkpoint's own samples on a task with
 a checker (the exact-answer reward).
 
 For each prompt of a split, `samples` completions at the sampling block's
-temperature; when some are right and some wrong, one pair: chosen = a
-right completion, rejected = a wrong one for the same prompt. Writes
-`<output_dir>/{train,test}.jsonl` ({"prompt", "chosen", "rejected"}: the
-`preferences` dataset, for the reward model and DPO), each file whole or
-not at all.
+temperature. `format='pairs'`: when some are right and some wrong, one
+pair, chosen = a right completion, rejected = a wrong one for the same
+prompt (the `preferences` dataset, for the reward model and DPO).
+`format='unpaired'`: each distinct completion with its label, right or
+wrong, whatever the others are (the `unpaired` dataset, for KTO). Writes
+`<output_dir>/{train,test}.jsonl`, each file whole or not at all.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from tunix_pw.sampling.sampler import make_sampler
 from tunix_pw.train import setup
 
 SPLITS = ('train', 'test')
+FORMATS = ('pairs', 'unpaired')
 
 
 def validate(config: Any) -> None:
@@ -37,28 +39,34 @@ def validate(config: Any) -> None:
   if not config.output_dir:
     raise UsageError('--config.output_dir is required: the directory that '
                      'receives train.jsonl and test.jsonl.')
+  if config.format not in FORMATS:
+    raise UsageError(f'--config.format={config.format!r} must be one of '
+                     f'{", ".join(FORMATS)}.')
   if config.samples < 2 or config.batch_size < 1:
     raise UsageError(f'--config.samples={config.samples} must be at least 2 '
                      f'(a right and a wrong one) and --config.batch_size='
                      f'{config.batch_size} at least 1.')
 
 
-def pair(prompt: str, answer: str, completions: list[str],
-         budget: int) -> dict[str, str] | None:
-  """One pair from a prompt's completions, or None when they are all
-  right or all wrong."""
+def records(prompt: str, answer: str, completions: list[str], budget: int,
+            form: str) -> list[dict[str, Any]]:
+  """A prompt's records: one pair (none when its completions are all right
+  or all wrong), or each distinct completion with its label."""
   right = [c for c in completions if rewards.exact_answer(rewards.Sample(
       prompt, c, answer, 0, budget, False))]
   wrong = [c for c in completions if c not in right]
+  if form == 'unpaired':
+    return [dict(prompt=prompt, completion=c, label=c in right)
+            for c in dict.fromkeys(completions)]
   if not right or not wrong:
-    return None
-  return dict(prompt=prompt, chosen=right[0], rejected=wrong[0])
+    return []
+  return [dict(prompt=prompt, chosen=right[0], rejected=wrong[0])]
 
 
-def split_pairs(config: Any, source: Any, count: int, sampler: Any,
-                tokenizer: Any, runtime: Any,
-                preemption: Preemption) -> list[dict[str, str]]:
-  """Pairs from the first `count` prompts of a split."""
+def split_records(config: Any, source: Any, count: int, sampler: Any,
+                  tokenizer: Any, runtime: Any,
+                  preemption: Preemption) -> list[dict[str, Any]]:
+  """Records from the first `count` prompts of a split."""
   sampling = generate.sampling_config(config.sampling)
   name, out = config.data.name, []
   count = min(count, len(source))
@@ -74,12 +82,11 @@ def split_pairs(config: Any, source: Any, count: int, sampler: Any,
       tokens, lengths = fetch((generated.tokens, generated.lengths))
       for k, (text, example) in enumerate(zip(texts, examples)):
         rows = range(k * config.samples, (k + 1) * config.samples)
-        found = pair(text, formats.reference_answer(name, example),
-                     [tokenizer.decode([t for t in tokens[r, :lengths[r]]
-                                        if t not in tokenizer.stop_ids])
-                      for r in rows], sampling.max_new_tokens)
-        if found:
-          out.append(found)
+        out += records(text, formats.reference_answer(name, example),
+                       [tokenizer.decode([t for t in tokens[r, :lengths[r]]
+                                          if t not in tokenizer.stop_ids])
+                        for r in rows], sampling.max_new_tokens,
+                       config.format)
       bar.update(len(examples))
       preemption.check()
   return out
@@ -97,8 +104,8 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   sources, _ = pipeline.prepare(pipeline.DataSpec.from_block(config.data),
                                 runtime)
   counts = dict(train=config.train_prompts, test=config.test_prompts)
-  found = {split: split_pairs(config, sources[split], counts[split], sampler,
-                              tokenizer, runtime, preemption)
+  found = {split: split_records(config, sources[split], counts[split],
+                                sampler, tokenizer, runtime, preemption)
            for split in SPLITS}
   for split, rows in found.items():
     if not rows:
@@ -114,5 +121,5 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
     with open(path + '.tmp', 'w') as f:
       f.writelines(json.dumps(r) + '\n' for r in rows)
     os.replace(path + '.tmp', path)
-    print(f'pairs: {split}: {len(rows)} pairs from '
+    print(f'pairs: {split}: {len(rows)} {config.format} records from '
           f'{min(counts[split], len(sources[split]))} prompts -> {path}')

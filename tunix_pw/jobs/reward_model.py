@@ -139,6 +139,8 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   tokenizer = setup.tokenizer(config.model)
   spec = pipeline.DataSpec.from_block(config.data)
   sources, _ = pipeline.prepare(spec, runtime)
+  pipeline.check_eval_batch(sources['test'], config.eval_batch_size,
+                            f'the test split of {spec.name}')
   data = pairs(config, sources['train'], tokenizer, runtime,
                batch_size=config.batch_size, epochs=None,
                what=f'the train split of {spec.name}')
@@ -148,8 +150,11 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   session = loop.Session('reward_model', config, runtime, workdir,
                          model_program.state, data)
   margins = margins_program(config, model_program)  # compiled once
-  evaluate = lambda: pairwise_accuracy(
-      config, margins, mesh, session.state.params, heldout)
+
+  @functools.cache  # the last step may be an eval_every step too
+  def evaluate(done: int) -> dict[str, float]:
+    return session.writer.write(done, pairwise_accuracy(
+        config, margins, mesh, session.state.params, heldout))
 
   def step(index: int) -> tuple[Any, int]:
     host = next(data)
@@ -157,13 +162,13 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
         session.state, pipeline.place(host, mesh, rules))
     done = index + 1
     if config.eval_every and done % config.eval_every == 0:
-      session.writer.write(done, evaluate())
+      evaluate(done)
     return step_metrics, int(sum((host[f'{s}_segment_ids'] > 0).sum()
                                  for s in SIDES))
 
   session.save(loop.run_steps(session, preemption, step,
                               ('loss', 'accuracy')))
-  result = session.writer.write(config.steps, evaluate())
+  result = evaluate(config.steps)
   session.close()
   if config.export:
     final = model_program.model(session.state.params)

@@ -32,9 +32,10 @@ def validate(config: Any) -> None:
   pipeline.check_data_block(config.data)
   optim.check(config.optimizer)
   setup.check_lora_block(config.lora)
-  if config.data.name == 'preferences':
-    raise UsageError("--config.data.name='preferences' is for DPO/ORPO "
-                     '(configs/dpo.py); SFT reads arithmetic, gsm8k or chat.')
+  if config.data.name in ('preferences', 'unpaired'):
+    raise UsageError(f'--config.data.name={config.data.name!r} is for '
+                     'DPO/ORPO/KTO (configs/dpo.py); SFT reads arithmetic, '
+                     'gsm8k or chat.')
   if config.steps < 1:
     raise UsageError(f'--config.steps={config.steps} must be at least 1.')
   if config.stop_at_accuracy and not (

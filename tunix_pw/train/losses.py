@@ -12,6 +12,12 @@ token-level (`train.step.token_nll`).
 - ORPO (Hong et al. 2024, arXiv 2403.07691), no reference: the chosen NLL
   plus lambda * -log sigmoid(log odds_c - log odds_r), with the odds of the
   mean per-token probability p: log(p / (1 - p)).
+- KTO (Ethayarajh et al. 2024, arXiv 2402.01306, eq. 8) on unpaired
+  examples (`Unpaired`): with r = pi - ref of a completion and z0 = the
+  batch's mean r over mismatched (prompt, another row's completion) pairs,
+  floored at 0 and held constant, lambda_D * (1 - sigmoid(beta (r - z0)))
+  for a desirable completion, lambda_U * (1 - sigmoid(beta (z0 - r))) for
+  an undesirable one.
 
 A reward model's Bradley-Terry loss takes its scores instead.
 """
@@ -34,6 +40,17 @@ class Pair(NamedTuple):
   rejected_tokens: jax.Array
   ref_chosen: jax.Array | None = None
   ref_rejected: jax.Array | None = None
+
+
+class Unpaired(NamedTuple):
+  """Per example [B]: the summed completion log-probabilities of the
+  policy and the reference, the same for the mismatched sequence (the
+  example's prompt with another example's completion), and the label."""
+  logps: jax.Array
+  ref_logps: jax.Array
+  mismatched: jax.Array
+  ref_mismatched: jax.Array
+  desirable: jax.Array  # 1.0 desirable, 0.0 undesirable
 
 
 def margin(pair: Pair) -> jax.Array:
@@ -74,3 +91,22 @@ def orpo(pair: Pair, beta: float, lam: float) -> jax.Array:
   rejected_mean = pair.rejected / pair.rejected_tokens
   ratio = -jax.nn.log_sigmoid(log_odds(chosen_mean) - log_odds(rejected_mean))
   return -chosen_mean + lam * ratio
+
+
+def kto_reference_point(batch: Unpaired) -> jax.Array:
+  """z0: KTO's estimate of KL(policy || reference), the mean log-ratio of
+  the mismatched completions, floored at 0; no gradient flows through it."""
+  return jax.lax.stop_gradient(jnp.maximum(
+      (batch.mismatched - batch.ref_mismatched).mean(), 0.0))
+
+
+@register('preference_loss', 'kto')
+def kto(batch: Unpaired, beta: float, lambda_desirable: float,
+        lambda_undesirable: float) -> jax.Array:
+  """KTO per example: lambda_y - v(x, y)."""
+  reward = batch.logps - batch.ref_logps
+  z0 = kto_reference_point(batch)
+  desirable = lambda_desirable * (1.0 - jax.nn.sigmoid(beta * (reward - z0)))
+  undesirable = lambda_undesirable * (
+      1.0 - jax.nn.sigmoid(beta * (z0 - reward)))
+  return jnp.where(batch.desirable > 0, desirable, undesirable)

@@ -1,0 +1,18 @@
+"""Runs `python -m tunix_pw.main` in a fresh process from the repository
+root, as a user would, for the benchmarks that chain jobs."""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def main_run(*args: str) -> str:
+  """The job's stdout; a failed job ends the benchmark with its stderr."""
+  result = subprocess.run([sys.executable, '-m', 'tunix_pw.main', *args],
+                          cwd=ROOT, capture_output=True, text=True,
+                          check=False)
+  if result.returncode:
+    sys.exit(f'{" ".join(args)} failed:\n{result.stderr[-3000:]}')
+  return result.stdout
