@@ -101,6 +101,16 @@ def abstract_policy(config: Any, mesh: Any) -> nnx.Module:
   return nnx.merge(graphdef, on_mesh(state, mesh, config.sharding))
 
 
+def abstract_frozen(block: Any, mesh: Any, rules: Any) -> nnx.Module:
+  """The decoder a model block names (a teacher, a frozen scorer) as
+  shapes sharded on `mesh`."""
+  model = nnx.eval_shape(lambda: decoder.Decoder(
+      setup.architecture(block), rngs=nnx.Rngs(0),
+      **checkpoints.model_kwargs(block)))
+  graphdef, state = nnx.split(model)
+  return nnx.merge(graphdef, on_mesh(state, mesh, rules))
+
+
 def on_mesh(state: nnx.State, mesh: Any, rules: Any) -> nnx.State:
   """Abstract parameters placed on `mesh` by their logical axes."""
   return with_shardings(state, checkpoints.param_shardings(state, mesh, rules))

@@ -82,6 +82,8 @@ def data(name: str = 'arithmetic', **arithmetic) -> ml_collections.ConfigDict:
     dropped (`overlong`), and counted.
   chat: render prompts through the tokenizer's chat template.
   packing: pack SFT sequences into rows of max_length (segment ids).
+  train_examples: train on the first N examples of the train split only
+    (0: all of it), a data-limited regime.
   """
   return ml_collections.ConfigDict(dict(
       name=name,
@@ -94,6 +96,7 @@ def data(name: str = 'arithmetic', **arithmetic) -> ml_collections.ConfigDict:
       overlong='truncate',
       chat=False,
       packing=False,
+      train_examples=0,
   ))
 
 

@@ -42,15 +42,20 @@ class DataSpec:
   manual_dir: str = ''
   on_bad_line: str = 'error'
   arithmetic: tuple[tuple[str, Any], ...] = ()
+  train_examples: int = 0  # the first N of the train split only (0: all)
 
   @classmethod
   def from_block(cls, block: Any) -> 'DataSpec':
     return cls(block.name, os.path.expanduser(block.data_dir),
                block.manual_dir, block.on_bad_line,
-               tuple(block.arithmetic.items()))
+               tuple(block.arithmetic.items()),
+               block.get('train_examples', 0))
 
   def check(self) -> None:
     """The checks that read no files: a known builder and its settings."""
+    if self.train_examples < 0:
+      raise UsageError(f'--config.data.train_examples={self.train_examples} '
+                       'must be at least 0 (0: the whole train split).')
     if self.name not in builders.BUILDERS:
       raise UsageError(f'--config.data.name={self.name!r} is unknown; use '
                        f'one of {", ".join(builders.BUILDERS)}.')
@@ -100,7 +105,25 @@ def prepare(spec: DataSpec, runtime: backend.Runtime | None = None):
   skipped = dict(builder.info.metadata or {}).get('skipped_lines', {})
   if any(skipped.values()):
     logging.warning('data: skipped bad lines per split: %s', skipped)
-  return builder.as_data_source(), skipped
+  sources = dict(builder.as_data_source())
+  if spec.train_examples:
+    sources['train'] = _Head(sources['train'], spec.train_examples)
+  return sources, skipped
+
+
+class _Head:
+  """The first `n` examples of a random-access source."""
+
+  def __init__(self, source: Any, n: int):
+    self._source, self._n = source, min(n, len(source))
+
+  def __len__(self) -> int:
+    return self._n
+
+  def __getitem__(self, index: int) -> Any:
+    if not 0 <= index < self._n:
+      raise IndexError(index)
+    return self._source[index]
 
 
 def bucket(n: int, smallest: int = 16) -> int:

@@ -14,6 +14,7 @@ from tunix_pw.errors import UsageError
 
 _JOBS = {
     'data': 'tunix_pw.jobs.data',
+    'distill': 'tunix_pw.jobs.distill',
     'dpo': 'tunix_pw.jobs.dpo',
     'eval': 'tunix_pw.jobs.eval',
     'generate': 'tunix_pw.jobs.generate',

@@ -66,13 +66,14 @@ def sft_loss(model, batch, rng, shard: Sharder = Sharder()):
                                     accuracy=(correct * weight).sum())
 
 
-def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
-         abstract: bool) -> program.Program:
-  """The policy and its train step (from shapes when `abstract`)."""
+def plan(config: Any, meshes: meshes_lib.RoleMeshes, *, abstract: bool,
+         loss: Any = sft_loss) -> program.Program:
+  """The policy and its train step (from shapes when `abstract`);
+  `loss(model, batch, rng, shard=)`: SFT's, or distillation's."""
   mesh = meshes['actor']
   return program.build(
       config, mesh, functools.partial(
-          sft_loss, shard=Sharder(mesh, config.sharding)),
+          loss, shard=Sharder(mesh, config.sharding)),
       micro_batches=config.micro_batches, total_updates=config.steps,
       abstract=abstract)
 
@@ -111,9 +112,14 @@ def batches(config: Any, source: Any, tokenizer: Any, runtime: Any,
 
 
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
-        workdir: str, preemption: Preemption) -> None:
+        workdir: str, preemption: Preemption, *, name: str = 'sft',
+        policy: program.Program | None = None,
+        targets: Any = None) -> None:
+  """`targets(host batch) -> arrays on the actor mesh` adds a teacher's
+  outputs to each batch (distillation, jobs/distill.py, with its
+  `policy`)."""
   mesh, rules = meshes['actor'], config.sharding
-  policy = plan(config, meshes, abstract=False)
+  policy = policy or plan(config, meshes, abstract=False)
   tokenizer = setup.tokenizer(config.model)
   spec = pipeline.DataSpec.from_block(config.data)
   sources, _ = pipeline.prepare(spec, runtime)
@@ -125,7 +131,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
                          runtime=runtime,
                          sync_budget=reshard.Budget.from_block(
                              config.runtime))
-  session = loop.Session('sft', config, runtime, workdir, policy.state, data)
+  session = loop.Session(name, config, runtime, workdir, policy.state, data)
 
   @functools.cache  # the last step may be an eval_every step too
   def evaluate_now(step: int) -> dict[str, float]:
@@ -139,8 +145,10 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   def step(index: int) -> tuple[Any, int]:
     del index
     host = next(data)
-    session.state, step_metrics = policy.train_step(
-        session.state, pipeline.place(host, mesh, rules))
+    batch = pipeline.place(host, mesh, rules)
+    if targets:
+      batch.update(targets(host))
+    session.state, step_metrics = policy.train_step(session.state, batch)
     return step_metrics, int((host['segment_ids'] > 0).sum())
 
   def stop_after(done: int) -> bool:
@@ -155,7 +163,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   if config.export:
     setup.export(config, policy.model(session.state.params))
   if runtime.is_coordinator and result:
-    print(evaluate.summary('sft', result))
+    print(evaluate.summary(name, result))
 
 
 def reached(config: Any, result: dict[str, float], runtime: Any) -> bool:

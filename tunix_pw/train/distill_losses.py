@@ -1,0 +1,85 @@
+"""Distillation losses, per token, as pure functions of logits.
+
+The teacher's logits come whole ([..., V]) or as its top-k (values and
+token indices, [..., k]); with top-k, both distributions are renormalised
+over the teacher's k tokens (the student's logits gathered there), so every
+divergence below stays finite and only k numbers per token cross meshes.
+Logits are divided by the temperature tau first; the losses are scaled by
+tau^2 so that their gradients keep their size as tau changes (Hinton et
+al. 2015, arXiv 1503.02531).
+
+- forward KL(p_T || p_S) (Hinton et al. 2015): the student covers the
+  teacher's modes;
+- reverse KL(p_S || p_T) (Gu et al. 2024, MiniLLM, arXiv 2306.08543): the
+  student seeks one mode;
+- generalised JSD(beta) (Agarwal et al. 2024, GKD, arXiv 2306.13649, eq. 2):
+  beta KL(p_T || m) + (1 - beta) KL(p_S || m), m = beta p_T +
+  (1 - beta) p_S; beta -> 0 and 1 approach the two KLs (scaled by beta).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from tunix_pw.rl.registry import register
+
+
+def top_k(teacher_logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """The teacher's k largest logits and their token ids, [..., k]."""
+  return jax.lax.top_k(teacher_logits.astype(jnp.float32), k)
+
+
+def log_probs(student_logits: jax.Array, teacher: jax.Array,
+              indices: jax.Array | None, tau: float
+              ) -> tuple[jax.Array, jax.Array]:
+  """(log p_S, log p_T) at temperature tau, over the vocabulary or over
+  the teacher's top-k tokens (`indices`)."""
+  student = student_logits.astype(jnp.float32)
+  if indices is not None:
+    student = jnp.take_along_axis(student, indices, axis=-1)
+  return (jax.nn.log_softmax(student / tau),
+          jax.nn.log_softmax(teacher.astype(jnp.float32) / tau))
+
+
+def _kl(log_p: jax.Array, log_q: jax.Array) -> jax.Array:
+  return (jnp.exp(log_p) * (log_p - log_q)).sum(-1)
+
+
+@register('distill_divergence', 'forward_kl')
+def forward_kl(log_s: jax.Array, log_t: jax.Array, beta: float) -> jax.Array:
+  del beta
+  return _kl(log_t, log_s)
+
+
+@register('distill_divergence', 'reverse_kl')
+def reverse_kl(log_s: jax.Array, log_t: jax.Array, beta: float) -> jax.Array:
+  del beta
+  return _kl(log_s, log_t)
+
+
+@register('distill_divergence', 'jsd')
+def jsd(log_s: jax.Array, log_t: jax.Array, beta: float) -> jax.Array:
+  log_m = jnp.logaddexp(jnp.log(beta) + log_t, jnp.log1p(-beta) + log_s)
+  return beta * _kl(log_t, log_m) + (1.0 - beta) * _kl(log_s, log_m)
+
+
+def attention_transfer(student: jax.Array, teacher: jax.Array,
+                       mask: jax.Array) -> jax.Array:
+  """Mean squared difference of attention maps [B, heads, T, S] per query
+  [B, T] (Zagoruyko & Komodakis 2017, arXiv 1612.03928, applied to
+  attention probabilities as in MiniLM, Wang et al. 2020, arXiv
+  2002.10957): heads averaged on each side first when their counts
+  differ; `mask` [B, T, S] selects the real (query, key) pairs."""
+  if student.shape[1] != teacher.shape[1]:
+    student, teacher = (x.mean(1, keepdims=True) for x in (student, teacher))
+  sq = ((student - teacher) ** 2 * mask[:, None]).sum(-1).mean(1)
+  return sq / jnp.maximum(mask.sum(-1), 1)
+
+
+def feature(student: jax.Array, teacher: jax.Array,
+            weight: jax.Array) -> jax.Array:
+  """Mean squared error between projected student hidden states and the
+  teacher's [B, T, D_T] per position (FitNets, Romero et al. 2015, arXiv
+  1412.6550), `weight` [B, T] the positions that count."""
+  return ((student - teacher) ** 2).mean(-1) * weight
