@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from tunix_pw.errors import UsageError
-from tunix_pw.models import checkpoints, decoder, lora
+from tunix_pw.models import checkpoints, decoder
 from tunix_pw.runtime import backend, meshes as meshes_lib, sharding, topology
 from tunix_pw.train import scoring, setup
 from tunix_pw import workdir as workdir_lib
@@ -79,17 +79,15 @@ def with_shardings(state: nnx.State, shardings: nnx.State) -> nnx.State:
 
 
 def abstract_model(config: Any) -> nnx.Module:
-  """The policy of `config` (LoRA adapters included) as shapes: what
+  """The policy of `config` (with what `setup.attach` adds: LoRA adapters,
+  a distillation projection) as shapes: what
   `setup.policy` builds, with nothing allocated."""
   cfg = setup.architecture(config.model)
   kwargs = checkpoints.model_kwargs(config.model)
 
   def build():
     model = decoder.Decoder(cfg, rngs=nnx.Rngs(config.seed), **kwargs)
-    if config.lora.rank:
-      lora.apply(model, config.lora.targets, config.lora.rank,
-                 config.lora.alpha, seed=config.seed,
-                 quantize=config.lora.quantize)
+    setup.attach(model, config)
     return model
 
   return nnx.eval_shape(build)

@@ -1,6 +1,7 @@
 """Distillation through main: the teacher on the actor's devices and on
 its own mesh (outputs moved by reshard), top-k and JSD, the loss mix, a
-mismatched tokenizer refused, and the compile-only plan."""
+mismatched tokenizer refused, and the compile-only plan; on-policy
+distillation (the GRPO job's `distill` variant) likewise."""
 
 import json
 
@@ -12,6 +13,7 @@ from tests import helpers
 from tests.models import tiny_tokenizers
 from tunix_pw.configs import distill as distill_config
 from tunix_pw.jobs import distill
+from tunix_pw.models import safetensors_io
 from tunix_pw.runtime import meshes
 from tunix_pw.train import metrics
 
@@ -89,3 +91,97 @@ def test_compile_only_through_main(tmp_path):
       'train step': 1, 'teacher logits': 1}
   [group] = report['groups']
   assert set(group['resident']) == {'params', 'optimizer', 'teacher'}
+
+
+OPD = '--config=tunix_pw/configs/grpo.py:runlocal,distill'
+OPD_PULSE = ['--config.log_every=1', '--config.eval_examples=0',
+             '--config.checkpoint.every=0']
+
+
+def test_on_policy_distillation_from_an_identical_teacher_moves_nothing(
+    tmp_path):
+  """The advantage of each sampled token is log pi_T - log pi_S: a teacher
+  equal to the student gives 0 everywhere, so the policy-gradient step
+  leaves every weight as it was (and the KL metric is 0)."""
+  result = helpers.run_main(OPD, *OPD_PULSE, '--config.steps=1',
+                            f'--workdir={tmp_path / "w"}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  [logged] = [m for m in metrics.read(str(tmp_path / 'w')) if 'loss' in m]
+  assert logged['kl'] == 0.0 and logged['loss'] == 0.0
+  assert logged['grad_norm'] == 0.0
+
+
+def test_on_policy_distillation_pulls_the_student_to_the_teacher(tmp_path):
+  """A teacher of another family on the reference role, the student
+  sampling on its own rollout mesh: the student's KL to the teacher on
+  its own samples falls."""
+  result = helpers.run_main(OPD, *OPD_PULSE, '--config.steps=6',
+                            '--config.teacher.preset=tiny-llama3',
+                            '--config.optimizer.learning_rate=3e-3',
+                            f'--workdir={tmp_path}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "rollout {'fsdp': 1, 'tp': 4} on 4 devices (ids 4..7)" in \
+      result.stdout
+  kl = [m['kl'] for m in metrics.read(str(tmp_path)) if 'loss' in m]
+  assert kl[-1] < 0.8 * kl[0], kl
+
+
+def test_on_policy_distillation_refuses_another_tokenizer(tmp_path):
+  tokenizer = tiny_tokenizers.make('qwen3', str(tmp_path / 'tok'))
+  result = helpers.run_main(OPD, f'--config.teacher.tokenizer={tokenizer}',
+                            '--check_only', f'--workdir={tmp_path / "w"}')
+  assert result.returncode == 2
+  [line] = helpers.error_lines(result.stderr)
+  assert "does not share the student's tokenizer" in line
+
+
+def test_on_policy_distillation_plan_holds_the_teacher():
+  from tunix_pw.configs import grpo as grpo_config  # pylint: disable=g-import-not-at-top
+  from tunix_pw.jobs import grpo  # pylint: disable=g-import-not-at-top
+  config = grpo_config.get_config('runlocal,distill')
+  config.teacher.preset = 'tiny-gemma3'
+  plan = grpo.compile_plan(config, meshes.build(config.meshes,
+                                                jax.devices()))
+  names = [p.name for p in plan.phases]
+  assert 'teacher logps' in names and 'old logps' in names
+  assert 'teacher' in plan.resident['actor']  # the reference role's devices
+
+
+@pytest.mark.parametrize('extra', [
+    ['--config.distill.strategy=attention'],  # 4 layers onto 6, by depth
+    ['--config.distill.strategy=feature', '--config.distill.layers=1:2,3:5',
+     '--config.distill.pooling=mean'],
+])
+def test_attention_and_feature_strategies(tmp_path, extra):
+  """From a 6-layer Gemma 3 teacher; the feature student's projection is
+  trained, never exported, and its workdir loads as a plain checkpoint."""
+  result = helpers.run_main(DISTILL, *PULSE, *extra,
+                            '--config.teacher.preset=tiny-gemma3',
+                            f'--config.export={tmp_path / "export"}',
+                            f'--workdir={tmp_path / "w"}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  logged = [m for m in metrics.read(str(tmp_path / 'w')) if 'loss' in m]
+  assert all(m['kd'] > 0 for m in logged)
+  exported = safetensors_io.SafetensorsDir(str(tmp_path / 'export')).names()
+  assert not any('distill' in name for name in exported)
+  again = helpers.run_main(
+      '--config=tunix_pw/configs/generate.py:runlocal',
+      f'--config.model.checkpoint={tmp_path / "w"}', '--config.prompt=12+30=',
+      f'--workdir={tmp_path / "g"}')
+  assert again.returncode == 0, again.stderr[-3000:]
+
+
+@pytest.mark.parametrize('flags, says', [
+    (['--config.distill.strategy=attention', '--config.distill.layers=0:9'],
+     'pairs student layer 0 with teacher layer 9, but the student has 4 '
+     'layers and the teacher 4'),
+    (['--config.distill.strategy=feature', '--config.distill.layers=0-1'],
+     "must be student:teacher layer pairs"),
+    (['--config.distill.strategy=hidden'], "strategy='hidden' must be one of"),
+])
+def test_distillation_config_errors(tmp_path, flags, says):
+  result = helpers.run_main(DISTILL, *flags, '--check_only',
+                            f'--workdir={tmp_path}')
+  assert result.returncode == 2
+  [line] = helpers.error_lines(result.stderr)
+  assert says in line

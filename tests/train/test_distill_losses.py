@@ -64,3 +64,36 @@ def test_identical_distributions_diverge_by_zero():
   for fn in (distill_losses.forward_kl, distill_losses.reverse_kl,
              distill_losses.jsd):
     np.testing.assert_allclose(fn(log, log, 0.5), [0.0], atol=1e-7)
+
+
+def test_attention_transfer_by_hand_and_with_unequal_heads():
+  # Zagoruyko & Komodakis 2017 on attention probabilities: per real query,
+  # the squared difference summed over keys, averaged over heads.
+  rng = np.random.default_rng(0)
+  student = softmax(rng.normal(size=(1, 2, 3, 3)))
+  teacher = softmax(rng.normal(size=(1, 2, 3, 3)))
+  real = np.array([[1.0, 1.0, 0.0]])
+  per_query = ((student - teacher) ** 2).sum(-1).mean(1)[0]
+  np.testing.assert_allclose(
+      distill_losses.attention_transfer(student, teacher, real),
+      per_query[:2].mean(), rtol=1e-6)
+  # Four teacher heads against two: both sides' heads averaged first.
+  teacher4 = softmax(rng.normal(size=(1, 4, 3, 3)))
+  diff = (student.mean(1) - teacher4.mean(1)) ** 2
+  np.testing.assert_allclose(
+      distill_losses.attention_transfer(student, teacher4, real),
+      diff.sum(-1)[0, :2].mean(), rtol=1e-6)
+
+
+def test_feature_loss_per_token_and_mean_pooled():
+  # FitNets (Romero et al. 2015): squared error of (projected) features.
+  s = np.array([[[1.0, 2.0], [3.0, 4.0], [9.0, 9.0]]])
+  t = np.array([[[0.0, 2.0], [3.0, 2.0], [0.0, 0.0]]])
+  real = np.array([[1.0, 1.0, 0.0]])  # the last position is padding
+  np.testing.assert_allclose(
+      distill_losses.feature(s, t, real, pooling='token'),
+      np.mean([(1 + 0) / 2, (0 + 4) / 2]), rtol=1e-6)
+  pooled_s, pooled_t = np.array([2.0, 3.0]), np.array([1.5, 2.0])
+  np.testing.assert_allclose(
+      distill_losses.feature(s, t, real, pooling='mean'),
+      ((pooled_s - pooled_t) ** 2).mean(), rtol=1e-6)

@@ -1,4 +1,5 @@
-"""GRPO and its variants: GRPO, DAPO, Dr. GRPO, GSPO-token, CISPO, REINFORCE++.
+"""GRPO and its variants: GRPO, DAPO, Dr. GRPO, GSPO-token, CISPO, REINFORCE++,
+on-policy distillation.
 
   python -m tunix_pw.main --config=tunix_pw/configs/grpo.py:runlocal \
       --workdir=/tmp/grpo
@@ -9,7 +10,7 @@
       --config.data.manual_dir=/data/gsm8k --workdir=/gcs/bucket/grpo
 
 arg: `<model preset or runlocal>[,<variant>[,mix]]`, variant one of grpo,
-dapo, drgrpo, gspo, cispo, reinforce++ (default grpo). A variant is only a set of the
+dapo, drgrpo, gspo, cispo, reinforce++, distill (default grpo). A variant is only a set of the
 registered functions and settings below; every field can be overridden.
 `,mix` trains on a mixture of datasets, each with its own rewards (see
 `mixture`).
@@ -48,6 +49,15 @@ VARIANTS = {
                         policy_loss='ppo_clip', eps_low=0.2, eps_high=0.2,
                         aggregation='token-mean', kl='k3', kl_beta=0.0,
                         dynamic_sampling=False),
+    # On-policy distillation (Agarwal et al. 2024, GKD; Lu et al. 2025,
+    # Thinking Machines): the student samples, a teacher (--config.teacher)
+    # scores each sampled token; advantage log pi_T - log pi_S per token
+    # (the negative per-token reverse KL), no reward needed (the rewards are
+    # still computed and logged). The kl metric is then the k3 estimate of
+    # KL(student || teacher).
+    'distill': dict(advantage='on_policy_distill', policy_loss='ppo_clip',
+                    eps_low=0.2, eps_high=0.2, aggregation='token-mean',
+                    kl='k3', kl_beta=0.0, dynamic_sampling=False),
 }
 
 
@@ -108,6 +118,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # config's arg); empty: the data block alone, scored by rl.rewards.
   c.mixture = mixture(local) if mix else ml_collections.ConfigDict()
   c.rl = rl_block(variant, local)
+  if variant == 'distill':  # on-policy distillation's teacher
+    c.teacher = common.model('tiny-gemma' if local else preset)
   c.optimizer = common.optimizer(learning_rate=1e-4 if local else 1e-6,
                                  warmup_steps=0, schedule='constant')
   c.steps = 20 if local else 500

@@ -1,15 +1,25 @@
 """Distillation: SFT's loop (jobs/sft.py) with a frozen teacher.
 
-data -> the teacher's logits on the teacher role's mesh (its top-k, or
-all) -> moved to the actor mesh by the runtime's reshard when the meshes
-differ -> train step: sft_weight x the NLL of the data + weight x a
-divergence between the student's and the teacher's next-token
-distributions at temperature tau (train/distill_losses.py) -> metrics ->
-greedy exact-match evaluation -> checkpoint -> preemption check.
+data -> the teacher's outputs on the teacher role's mesh -> moved to the
+actor mesh by the runtime's reshard when the meshes differ -> train step:
+sft_weight x the NLL of the data + weight x the strategy's loss ->
+metrics -> greedy exact-match evaluation -> checkpoint -> preemption
+check. Strategies (`distill.strategy`, losses in train/distill_losses.py):
 
-The teacher is any model block (a checkpoint, a trained workdir, a
-preset), of any family and size; logit distillation needs the student's
-tokenizer (checked at validation).
+- logit: a divergence between the student's and the teacher's next-token
+  distributions at temperature tau (forward KL, reverse KL, JSD), the
+  teacher's logits whole or its top-k;
+- attention: the attention maps of mapped layers (`distill.layers`,
+  student:teacher pairs), heads averaged when their counts differ;
+- feature: the outputs of mapped layers, the student's through a learned
+  projection to the teacher's width (`distill_projection`, trained with
+  the student, dropped from exports and from loads of the workdir), per
+  token or mean-pooled per sequence.
+
+The teacher is any model block (a checkpoint, a trained workdir, a preset)
+of any family and size, reading the student's tokens: it must share the
+student's tokenizer (checked at validation), and the layer map must fit
+both models.
 """
 
 from __future__ import annotations
@@ -19,13 +29,14 @@ from typing import Any
 
 from flax import nnx
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from tunix_pw import compile_only
 from tunix_pw.data import pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.jobs import sft
-from tunix_pw.models import checkpoints
+from tunix_pw.models import checkpoints, lora
 from tunix_pw.rl import registry
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard, sharding
 from tunix_pw.runtime.preemption import Preemption
@@ -33,15 +44,18 @@ from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.train import distill_losses, program, scoring, setup
 from tunix_pw.train import step as step_lib
 
-# Text whose ids two tokenizers must agree on (with their vocabulary size
-# and special ids) to be the same tokenizer.
-PROBE = ''.join(chr(c) for c in range(32, 127)) + ' 12+30=42\nThe answer is'
+STRATEGIES = ('logit', 'attention', 'feature')
+POOLING = ('token', 'mean')
 
 
 def validate(config: Any) -> None:
   sft.validate(config)
   checkpoints.check_model_block(config.teacher, '--config.teacher')
   d = config.distill
+  if d.strategy not in STRATEGIES or d.pooling not in POOLING:
+    raise UsageError(f'--config.distill.strategy={d.strategy!r} must be one '
+                     f'of {", ".join(STRATEGIES)} and pooling='
+                     f'{d.pooling!r} one of {", ".join(POOLING)}.')
   registry.check('distill_divergence', d.divergence,
                  '--config.distill.divergence')
   if d.temperature <= 0 or not 0 < d.beta < 1 or d.top_k < 0:
@@ -51,56 +65,104 @@ def validate(config: Any) -> None:
   if d.weight < 0 or d.sft_weight < 0 or d.weight + d.sft_weight == 0:
     raise UsageError('--config.distill.weight and sft_weight must be at '
                      'least 0, and not both 0.')
-  check_same_tokenizer(config)
+  setup.check_same_tokenizer(config.model, config.teacher)
+  if d.strategy != 'logit':
+    layer_map(config)
 
 
-def check_same_tokenizer(config: Any) -> None:
-  """Logits compare token by token: the teacher must tokenize as the
-  student does and share its vocabulary."""
-  student, teacher = (setup.tokenizer(b) for b in (config.model,
-                                                   config.teacher))
-  sizes = [setup.architecture(b).vocab_size
-           for b in (config.model, config.teacher)]
-  same = (sizes[0] == sizes[1] and all(
-      getattr(student, a) == getattr(teacher, a)
-      for a in ('vocab_size', 'pad_id', 'bos_id', 'eos_id', 'stop_ids')) and
-          student.encode(PROBE) == teacher.encode(PROBE))
-  if not same:
-    raise UsageError(
-        f'the teacher ({setup.tokenizer_source(config.teacher)}, '
-        f'{sizes[1]} logits) does not share the student\'s tokenizer '
-        f'({setup.tokenizer_source(config.model)}, {sizes[0]} logits): '
-        'logit distillation compares next-token distributions id by id.')
+def layer_map(config: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+  """(student layers, teacher layers) of `distill.layers` ('0:1,3:5'); by
+  default each student layer with the teacher's at the same relative depth
+  (the last with the last)."""
+  sizes = [setup.architecture(b).num_layers for b in (config.model,
+                                                      config.teacher)]
+  spec = config.distill.layers
+  try:
+    pairs = ([tuple(int(i) for i in p.split(':')) for p in spec.split(',')]
+             if spec else [(i, round((i + 1) * sizes[1] / sizes[0]) - 1)
+                           for i in range(sizes[0])])
+    if any(len(p) != 2 for p in pairs):
+      raise ValueError
+  except ValueError:
+    raise UsageError(f'--config.distill.layers={spec!r} must be student:'
+                     "teacher layer pairs, e.g. '0:1,3:5'.") from None
+  for (s, t) in pairs:
+    if not (0 <= s < sizes[0] and 0 <= t < sizes[1]):
+      raise UsageError(f'--config.distill.layers pairs student layer {s} '
+                       f'with teacher layer {t}, but the student has '
+                       f'{sizes[0]} layers and the teacher {sizes[1]}.')
+  return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
 
 
-def distill_loss(model, batch, rng, *, divergence: str, beta: float,
-                 tau: float, weight: float, sft_weight: float,
+class DistillProjection(lora.LoRAParam):
+  """Trained with the student, adapters or not; never exported."""
+
+
+def attach_projection(model: nnx.Module, config: Any) -> None:
+  """Feature distillation's learned projection of the mapped student
+  layers' outputs to the teacher's width, [mapped, D_student, D_teacher],
+  starting at the identity's corner (`setup.attach` adds it,
+  `setup.detach_projection` drops it)."""
+  student, _ = layer_map(config)
+  d_s, d_t = (setup.architecture(b).embed_dim for b in (config.model,
+                                                        config.teacher))
+  model.distill_projection = DistillProjection(
+      jnp.broadcast_to(jnp.eye(d_s, d_t), (len(student), d_s, d_t)),
+      axes=(None, 'embed', None))
+
+
+def rms_normed(x: jax.Array) -> jax.Array:
+  """Scale-free features: each position's vector over its RMS."""
+  return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6)
+
+
+def distill_loss(model, batch, rng, *, d: Any, student_layers: tuple,
                  shard: Sharder = Sharder()):
-  """sft_weight x NLL + weight x tau^2 x divergence, per target token."""
+  """sft_weight x NLL + weight x the strategy's loss, per target token
+  (attention and feature losses: their mean over real positions, counted
+  per target token)."""
   del rng
-  logits, _ = model(batch['tokens'], batch['positions'], batch['segment_ids'],
-                    shard=shard)
+  args = (batch['tokens'], batch['positions'], batch['segment_ids'])
+  if d.strategy == 'logit':
+    logits, _ = model(*args, shard=shard)
+  else:
+    logits, outputs, probs = model.internals(*args, shard=shard)
   nll, mask, correct = step_lib.token_nll(logits, batch['tokens'],
                                           batch['loss_mask'],
                                           batch['segment_ids'])
-  indices = batch.get('teacher_indices')
-  log_s, log_t = distill_losses.log_probs(
-      logits[:, :-1], batch['teacher_logits'][:, :-1],
-      None if indices is None else indices[:, :-1], tau)
-  kd = tau ** 2 * registry.get('distill_divergence', divergence)(
-      log_s, log_t, beta)
-  per_token = sft_weight * nll + weight * kd
-  return (per_token * mask).sum(), dict(
+  if d.strategy == 'logit':
+    indices = batch.get('teacher_indices')
+    log_s, log_t = distill_losses.log_probs(
+        logits[:, :-1], batch['teacher_logits'][:, :-1],
+        None if indices is None else indices[:, :-1], d.temperature)
+    kd = d.temperature ** 2 * registry.get('distill_divergence',
+                                           d.divergence)(log_s, log_t, d.beta)
+    kd_sum = (kd * mask).sum()
+  else:
+    real = (batch['segment_ids'] > 0).astype(jnp.float32)
+    layers = jnp.asarray(student_layers)
+    if d.strategy == 'attention':
+      per_layer = jax.vmap(distill_losses.attention_transfer,
+                           in_axes=(0, 1, None))(
+                               probs[layers], batch['teacher_attention'], real)
+    else:
+      projected = jnp.einsum('mbts,msd->mbtd', outputs[layers],
+                             model.distill_projection[...])
+      per_layer = jax.vmap(functools.partial(
+          distill_losses.feature, pooling=d.pooling), in_axes=(0, 1, None))(
+              rms_normed(projected), rms_normed(batch['teacher_hidden']),
+              real)
+    kd_sum = per_layer.mean() * mask.sum()  # the mean, per target token
+  return d.sft_weight * (nll * mask).sum() + d.weight * kd_sum, dict(
       weight=mask.sum(), accuracy=(correct * mask).sum(),
-      nll=(nll * mask).sum(), kd=(kd * mask).sum())
+      nll=(nll * mask).sum(), kd=kd_sum)
 
 
 def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
          abstract: bool) -> program.Program:
-  d = config.distill
+  student = layer_map(config)[0] if config.distill.strategy != 'logit' else ()
   return sft.plan(config, meshes, abstract=abstract, loss=functools.partial(
-      distill_loss, divergence=d.divergence, beta=d.beta, tau=d.temperature,
-      weight=d.weight, sft_weight=d.sft_weight))
+      distill_loss, d=config.distill, student_layers=student))
 
 
 def teacher_mesh(meshes: meshes_lib.RoleMeshes) -> Any:
@@ -108,20 +170,44 @@ def teacher_mesh(meshes: meshes_lib.RoleMeshes) -> Any:
 
 
 def teacher_program(config: Any, graphdef: Any, mesh: Any):
-  """Jitted (teacher state, batch) -> its logits [B, T, V], or its top-k
-  (values, token ids) [B, T, k] with `distill.top_k`."""
-  shard, k = Sharder(mesh, config.sharding), config.distill.top_k
+  """Jitted (teacher state, batch) -> what the strategy compares, batch
+  first: its logits [B, T, V] or top-k (values, token ids) [B, T, k]; the
+  mapped layers' attention [B, layers, heads, T, T] or outputs [B, layers,
+  T, D]."""
+  shard, d = Sharder(mesh, config.sharding), config.distill
+  layers = jnp.asarray(layer_map(config)[1]) if d.strategy != 'logit' else ()
 
   def outputs(state, batch):
-    logits, _ = nnx.merge(graphdef, state)(
-        batch['tokens'], batch['positions'], batch['segment_ids'],
-        shard=shard)
-    if k:
-      values, indices = distill_losses.top_k(logits, k)
+    model = nnx.merge(graphdef, state)
+    args = (batch['tokens'], batch['positions'], batch['segment_ids'])
+    if d.strategy == 'logit':
+      logits, _ = model(*args, shard=shard)
+      if not d.top_k:
+        return dict(teacher_logits=logits)
+      values, indices = distill_losses.top_k(logits, d.top_k)
       return dict(teacher_logits=values, teacher_indices=indices)
-    return dict(teacher_logits=logits)
+    _, hidden, probs = model.internals(*args, shard=shard)
+    chosen = (probs if d.strategy == 'attention' else hidden)[layers]
+    return {f'teacher_{"attention" if d.strategy == "attention" else "hidden"}':
+            jnp.moveaxis(chosen, 0, 1)}
 
   return jax.jit(outputs)
+
+
+def target_shapes(config: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
+  """The teacher's outputs for one batch of full rows, as shapes."""
+  d, b, t = config.distill, config.batch_size, config.data.max_length
+  teacher = setup.architecture(config.teacher)
+  if d.strategy == 'logit':
+    width = d.top_k or teacher.vocab_size
+    return {'teacher_logits': ((b, t, width), np.float32),
+            **({'teacher_indices': ((b, t, width), np.int32)}
+               if d.top_k else {})}
+  layers = len(layer_map(config)[1])
+  if d.strategy == 'attention':
+    return {'teacher_attention': ((b, layers, teacher.num_heads, t, t),
+                                  np.float32)}
+  return {'teacher_hidden': ((b, layers, t, teacher.embed_dim), np.float32)}
 
 
 def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
@@ -132,23 +218,19 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
   rows = (config.batch_size, config.data.max_length)
   tokens = {k: (rows, np.int32)
             for k in ('tokens', 'positions', 'segment_ids', 'loss_mask')}
-  width = config.distill.top_k or setup.architecture(config.model).vocab_size
-  targets = {'teacher_logits': (rows + (width,), np.float32)}
-  if config.distill.top_k:
-    targets['teacher_indices'] = (rows + (width,), np.int32)
   rules = config.sharding
   teacher = compile_only.abstract_frozen(config.teacher, teacher_mesh(meshes),
                                          rules)
   resident = {'actor': program.resident(policy)}
   phase = compile_only.logps_phase(
-      'teacher logits', meshes, teacher_mesh(meshes), nnx.state(teacher),
+      'teacher outputs', meshes, teacher_mesh(meshes), nnx.state(teacher),
       rules, lambda mesh, state: teacher_program(
           config, nnx.graphdef(teacher), mesh).lower(
               state, compile_only.batch_on(mesh, rules, tokens)))
   resident.setdefault(phase.role, {})['teacher'] = phase.resident_args
   return compile_only.Plan(resident, [
       program.train_phase(policy, compile_only.batch_on(
-          policy.mesh, rules, {**tokens, **targets})), phase])
+          policy.mesh, rules, {**tokens, **target_shapes(config)})), phase])
 
 
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,

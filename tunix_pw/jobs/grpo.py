@@ -82,18 +82,25 @@ def validate(config: Any) -> None:
                      '(or 0: no truncated importance sampling).')
   kinds = [('policy_loss', rl.policy_loss), ('aggregation', rl.aggregation),
            ('kl', rl.kl)]
-  if rl.advantage != phases.GAE:
+  if rl.advantage not in phases.PER_TOKEN:
     kinds.append(('advantage', rl.advantage))
-  elif config.job != 'ppo':
+  elif rl.advantage == phases.GAE and config.job != 'ppo':
     raise UsageError('--config.rl.advantage=gae needs a critic: train with '
                      'tunix_pw/configs/ppo.py.')
+  elif rl.advantage == phases.DISTILL:
+    if 'teacher' not in config:
+      raise UsageError('--config.rl.advantage=on_policy_distill needs a '
+                       'teacher: use tunix_pw/configs/grpo.py:<preset>,'
+                       'distill and name it in --config.teacher.')
+    checkpoints.check_model_block(config.teacher, '--config.teacher')
+    setup.check_same_tokenizer(config.model, config.teacher)
   for kind, name in kinds:
     registry.check(kind, name, f'--config.rl.{kind}')
   samples = rl.prompts_per_step * rl.num_generations
   if rl.dynamic_sampling and rl.num_generations < 2:
     raise UsageError('--config.rl.dynamic_sampling drops groups of equal '
                      'rewards; it needs --config.rl.num_generations >= 2.')
-  if rl.num_generations < (1 if rl.advantage == phases.GAE else 2):
+  if rl.num_generations < (1 if rl.advantage in phases.PER_TOKEN else 2):
     raise UsageError('--config.rl.num_generations must be at least 2 (a '
                      'group needs others to compare with).')
   if samples % rl.mini_batch_size or rl.mini_batch_size % rl.micro_batch_size:
@@ -124,7 +131,8 @@ class Parts:
   runtime: backend.Runtime
   plan: plan_lib.Plan
   sampler: Sampler  # the rollout engine, on the rollout mesh
-  reference: scoring.Scorer | None
+  reference: scoring.Scorer | None  # on-policy distillation's teacher
+  reference_logps: Callable | None  # its log-probability program
   tokenizer: Any
   data: Any  # the prompt pipeline, or a mixture of several
   reward_weights: dict[str, list[tuple[str, float]]]  # dataset -> weights
@@ -154,7 +162,7 @@ def log_probs(parts: Parts, state: Any,
   extra = {}
   if parts.reference is not None:
     extra['ref_logps'] = phases.chunked_logps(
-        programs.logps(parts.reference.mesh), parts.reference.state, arrays,
+        parts.reference_logps, parts.reference.state, arrays,
         parts.reference.mesh, rules, size)
   if 'old_logps' in programs.needed:
     actor = programs.policy.mesh
@@ -182,6 +190,8 @@ def rollout_and_logps(parts: Parts, state: Any, index: int,
         result, rl, rl.max_prompt_length + rl.max_new_tokens,
         parts.tokenizer.pad_id)
     extra = log_probs(parts, state, arrays)
+    if rl.advantage == phases.DISTILL:  # each token's, from the teacher
+      extra['advantages'] = extra['ref_logps'] - extra['old_logps']
     weights, mismatch = phases.rollout_correction(
         result, arrays, extra.get('old_logps'), rl)
   preemption.check(stop)
@@ -219,13 +229,22 @@ def build(config: Any, runtime: backend.Runtime,
   programs = plan_lib.plan(config, meshes, abstract=False)
   tokenizer = setup.tokenizer(config.model)
   sampler = rollout_engine(config, programs, tokenizer, meshes, runtime)
-  reference = (scoring.reference(config, programs.policy, meshes, runtime)
-               if 'ref_logps' in programs.needed else None)
+  reference = reference_logps = None
+  if config.rl.advantage == phases.DISTILL:
+    reference = scoring.from_block(
+        config.teacher, scoring.reference_mesh(config, meshes),
+        config.sharding, config.seed)
+    reference_logps = plan_lib.make_logps(config, reference.mesh,
+                                          reference.graphdef)
+  elif 'ref_logps' in programs.needed:
+    reference = scoring.reference(config, programs.policy, meshes, runtime)
+    reference_logps = programs.logps(reference.mesh)
   data, heldout, reward_weights = prompts(config, runtime, tokenizer)
   model_scores = (reward_model.scorer(config, meshes)
                   if config.rl.reward_model else None)
-  return Parts(config, runtime, programs, sampler, reference, tokenizer,
-               data, reward_weights, model_scores), heldout
+  return Parts(config, runtime, programs, sampler, reference,
+               reference_logps, tokenizer, data, reward_weights,
+               model_scores), heldout
 
 
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
@@ -367,7 +386,8 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
       program.train_phase(policy, plan_lib.batch_shapes(
           config, rl.mini_batch_size, policy.mesh,
           token_names=programs.needed + (
-              ('advantages',) if rl.advantage == phases.GAE else ()))),
+              ('advantages',) if rl.advantage in phases.PER_TOKEN
+              else ()))),
       plan_lib.rollout_phase(config, rollout_model, rollout_mesh),
       *plan_lib.sync_phases(config, programs, rollout_mesh)]
   resident = {'actor': program.resident(policy),
@@ -376,7 +396,26 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
   if 'old_logps' in programs.needed:
     plan_phases.append(compile_only.logps_phase(
         'old logps', meshes, policy.mesh, full_state, rules, lower_logps))
-  if 'ref_logps' in programs.needed:
+  if rl.advantage == phases.DISTILL:
+    plan_phases.append(teacher_phase(config, meshes, resident))
+  elif 'ref_logps' in programs.needed:
     plan_phases.append(compile_only.reference_phase(
         config, meshes, full_state, lower_logps, resident))
   return compile_only.Plan(resident, plan_phases)
+
+
+def teacher_phase(config: Any, meshes: meshes_lib.RoleMeshes,
+                  resident: dict[str, dict[str, int]]) -> compile_only.Phase:
+  """On-policy distillation's teacher: its log-probabilities of the
+  samples on the reference role's mesh, its weights resident there."""
+  mesh, rules = scoring.reference_mesh(config, meshes), config.sharding
+  teacher = compile_only.abstract_frozen(config.teacher, mesh, rules)
+  phase = compile_only.logps_phase(
+      'teacher logps', meshes, mesh, nnx.state(teacher), rules,
+      lambda mesh, state: plan_lib.make_logps(
+          config, mesh, nnx.graphdef(teacher)).lower(
+              state, plan_lib.batch_shapes(
+                  config, config.rl.logps_micro_batch_size, mesh,
+                  phases.SEQUENCES)))
+  resident.setdefault(phase.role, {})['teacher'] = phase.resident_args
+  return phase

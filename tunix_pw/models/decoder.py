@@ -92,10 +92,11 @@ class Layer(nnx.Module):
       self.post_mlp_norm = norm()
 
   def __call__(self, x, positions, masks, cache, index, slot,
-               shard: Sharder):
+               shard: Sharder, collect: bool = False):
     """`cache`: this pattern position's stacked (keys, values), each
     [repeats, B, K, S, H], or None; this layer's keys and values are written
-    at [index, ..., slot] in place and the queries attend to its slice."""
+    at [index, ..., slot] in place and the queries attend to its slice.
+    Returns (x, cache, and with `collect` (x, attention probabilities))."""
     h = self.pre_attn_norm(x)
     k, v = self.attn.project_kv(h, positions, self.rope)
     if cache is not None:
@@ -105,14 +106,17 @@ class Layer(nnx.Module):
           for stack, new in zip(cache, (k, v)))
       k, v = (jax.lax.dynamic_index_in_dim(stack, index, keepdims=False)
               for stack in cache)
-    a = self.attn(h, positions, self.rope, masks[self.layer_type], (k, v))
+    a = self.attn(h, positions, self.rope, masks[self.layer_type], (k, v),
+                  with_probs=collect)
+    a, probs = a if collect else (a, None)
     if self.post_norms:
       a = self.post_attn_norm(a)
     x = shard(x + a, 'batch', None, None)
     m = self.mlp(self.pre_mlp_norm(x), shard)
     if self.post_norms:
       m = self.post_mlp_norm(m)
-    return shard(x + m, 'batch', None, None), cache
+    x = shard(x + m, 'batch', None, None)
+    return x, cache, (x, probs) if collect else None
 
 
 class Decoder(nnx.Module):
@@ -148,12 +152,16 @@ class Decoder(nnx.Module):
     Returns float32 logits [B, T, V] ([B, 1, V] for the last position only
     with `last_only`: a prefill needs no others) and the updated cache (or
     None)."""
-    cfg = self.cfg
     x, cache = self.hidden(tokens, positions, segment_ids, cache, cache_slot,
                            shard)
-    b, t = tokens.shape
     if last_only:
-      x, t = x[:, -1:], 1
+      x = x[:, -1:]
+    return self.logits(x, shard), cache
+
+  def logits(self, x: jax.Array, shard: Sharder = Sharder()) -> jax.Array:
+    """Final-normed hidden states [B, T, D] -> float32 logits [B, T, V]."""
+    cfg = self.cfg
+    b, t, _ = x.shape
     x2 = x.reshape(b * t, cfg.embed_dim)
     if cfg.tie_embeddings:
       logits = jnp.einsum('ND,VD->NV', x2,
@@ -165,7 +173,7 @@ class Decoder(nnx.Module):
     logits = logits.reshape(b, t, cfg.vocab_size)
     if cfg.final_softcap:
       logits = jnp.tanh(logits / cfg.final_softcap) * cfg.final_softcap
-    return shard(logits, 'batch', None, 'vocab'), cache
+    return shard(logits, 'batch', None, 'vocab')
 
   def hidden(self, tokens: jax.Array, positions: jax.Array,
              segment_ids: jax.Array, cache: Cache | None = None,
@@ -173,6 +181,22 @@ class Decoder(nnx.Module):
              shard: Sharder = Sharder()) -> tuple[jax.Array, Cache | None]:
     """The final-normed hidden states [B, T, D] (what the LM head and a
     value head read) and the updated cache (or None)."""
+    x, cache, _ = self._forward(tokens, positions, segment_ids, cache,
+                                cache_slot, shard, collect=False)
+    return x, cache
+
+  def internals(self, tokens: jax.Array, positions: jax.Array,
+                segment_ids: jax.Array, shard: Sharder = Sharder()
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """For distillation: the logits [B, T, V], every layer's output
+    [layers, B, T, D] and attention probabilities [layers, B, heads, T, T],
+    layers in order."""
+    x, _, (outputs, probs) = self._forward(tokens, positions, segment_ids,
+                                           None, 0, shard, collect=True)
+    return self.logits(x, shard), outputs, probs
+
+  def _forward(self, tokens, positions, segment_ids, cache, cache_slot,
+               shard, collect: bool):
     cfg = self.cfg
     b, t = tokens.shape
     x = jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)
@@ -194,21 +218,27 @@ class Decoder(nnx.Module):
       masks = attention_masks(cfg, positions, segment_ids, q_slots,
                               cache.positions, cache.segments, kv_slots)
 
-    new_kv = []
+    new_kv, collected = [], []
     for g, group in enumerate(self.groups):
       group_cache = None if cache is None else (cache.k[g], cache.v[g])
-      x, kv = self._run_group(group, x, positions, masks, group_cache,
-                              cache_slot, shard)
+      (x, kv), per_layer = self._run_group(group, x, positions, masks,
+                                           group_cache, cache_slot, shard,
+                                           collect)
       new_kv.append(kv)
+      collected.append(per_layer)
     if cache is not None:
       cache = cache.replace(k=tuple(kv[0] for kv in new_kv),
                             v=tuple(kv[1] for kv in new_kv))
-    return self.final_norm(x), cache
+    if collect:  # [layers, ...] in order, group after group
+      collected = tuple(jnp.concatenate(parts) for parts in zip(*collected))
+    return self.final_norm(x), cache, collected if collect else None
 
-  def _run_group(self, group, x, positions, masks, group_cache, slot, shard):
+  def _run_group(self, group, x, positions, masks, group_cache, slot, shard,
+                 collect: bool = False):
     """Runs a group's repeats; its cache ((keys, values) per pattern
     position) is carried through them and updated in place, so a decode step
-    copies no cache."""
+    copies no cache. With `collect`, also each layer's (output, attention
+    probabilities), stacked [repeats x pattern, ...] in layer order."""
     graphdef, state = nnx.split(group)
     dtype = self.dtype
 
@@ -216,15 +246,18 @@ class Decoder(nnx.Module):
       x, cache = carry
       layer_state, index = xs
       layer_state = jax.tree.map(lambda p: p.astype(dtype), layer_state)
-      out = []
+      out, per_layer = [], []
       for i, layer in enumerate(nnx.merge(graphdef, layer_state)):
-        x, kv = layer(x, positions, masks,
-                      None if cache is None else (cache[0][i], cache[1][i]),
-                      index, slot, shard)
+        x, kv, seen = layer(x, positions, masks,
+                            None if cache is None else (cache[0][i],
+                                                        cache[1][i]),
+                            index, slot, shard, collect)
         out.append(kv)
+        per_layer.append(seen)
       if cache is not None:
         cache = (tuple(kv[0] for kv in out), tuple(kv[1] for kv in out))
-      return (x, cache), None
+      return (x, cache), (tuple(jnp.stack(v) for v in zip(*per_layer))
+                          if collect else None)
 
     policy = REMAT_POLICIES[self.remat]
     if self.remat != 'none':
@@ -232,11 +265,17 @@ class Decoder(nnx.Module):
     repeats = jax.tree.leaves(state)[0].shape[0]
     carry = (x, group_cache)
     if self.scan:
-      carry, _ = jax.lax.scan(body, carry, (state, jnp.arange(repeats)))
+      carry, ys = jax.lax.scan(body, carry, (state, jnp.arange(repeats)))
     else:
+      steps = []
       for r in range(repeats):
-        carry, _ = body(carry, (jax.tree.map(operator.itemgetter(r), state), r))
-    return carry
+        carry, y = body(carry, (jax.tree.map(operator.itemgetter(r), state),
+                                r))
+        steps.append(y)
+      ys = jax.tree.map(lambda *v: jnp.stack(v), *steps) if collect else None
+    if collect:  # [repeats, pattern, ...] -> [repeats x pattern, ...]
+      ys = tuple(y.reshape((-1,) + y.shape[2:]) for y in ys)
+    return carry, ys
 
 
 def abstract(cfg: ModelConfig, **kwargs) -> Decoder:

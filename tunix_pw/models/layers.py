@@ -117,9 +117,12 @@ class Attention(nnx.Module):
     return k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
   def __call__(self, x: jax.Array, positions: jax.Array, rope: Rope,
-               mask: jax.Array, kv: tuple[jax.Array, jax.Array]) -> jax.Array:
+               mask: jax.Array, kv: tuple[jax.Array, jax.Array],
+               with_probs: bool = False):
     """x [B, T, D]; kv: keys/values [B, K, S, H] (this step's, or the cache
-    after this step's write); mask [B, T, S] (True = attend)."""
+    after this step's write); mask [B, T, S] (True = attend). Returns the
+    output [B, T, D], and with `with_probs` the attention probabilities
+    [B, heads, T, S] too."""
     cfg = self.cfg
     b, t, d = x.shape
     keys, values = kv
@@ -141,8 +144,10 @@ class Attention(nnx.Module):
     probs = jax.nn.softmax(logits, axis=-1).astype(values.dtype)
     out = jnp.einsum('BKQS,BKSH->BKQH', probs.reshape(b, k, g * t, s), values)
     out = out.reshape(b, k, g, t, h).transpose(0, 3, 1, 2, 4)
-    return (out.reshape(b * t, n * h) @ weight(self, 'o').reshape(n * h, d)
-           ).reshape(b, t, d)
+    out = (out.reshape(b * t, n * h) @ weight(self, 'o').reshape(n * h, d)
+          ).reshape(b, t, d)
+    # Heads in the queries' order: KV head by KV head, its group within.
+    return (out, probs.reshape(b, n, t, s)) if with_probs else out
 
 
 class MLP(nnx.Module):

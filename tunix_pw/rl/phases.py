@@ -33,6 +33,11 @@ from tunix_pw.train import metrics
 
 
 GAE = 'gae'  # rl.advantage of PPO: per-token advantages from its critic
+# rl.advantage of on-policy distillation: per-token advantages from a
+# teacher, log pi_teacher - log pi_student of each sampled token (the
+# negative of the per-token reverse KL).
+DISTILL = 'on_policy_distill'
+PER_TOKEN = (GAE, DISTILL)  # advantages that come after the rollout
 SEQUENCES = ('tokens', 'positions', 'segment_ids')  # a forward pass's input
 
 
@@ -88,7 +93,8 @@ def training_arrays(result: Rollout, rl: Any, length: int,
   advantages (PPO's come later, from its critic)."""
   return batch_lib.to_arrays(
       result.groups, result.weights, length, pad_id,
-      None if rl.advantage == GAE else registry.get('advantage', rl.advantage))
+      None if rl.advantage in PER_TOKEN
+      else registry.get('advantage', rl.advantage))
 
 
 def chunked_logps(program: Callable, state: Any, arrays: dict[str, Any],

@@ -41,16 +41,18 @@ def make_logps(config: Any, mesh, graphdef):
 
 def needed_keys(rl: Any) -> tuple[str, ...]:
   """The per-token arrays an update needs beyond the rollout's: the
-  reference's log-probabilities (for the KL term), the trainer's at rollout
+  reference's log-probabilities (for the KL term; on-policy distillation's
+  teacher's, for its advantages), the trainer's at rollout
   time (when a rollout feeds several updates, to compare with the rollout
   engine's, or for PPO's KL reward penalty), and truncated importance
   weights."""
   samples = rl.prompts_per_step * rl.num_generations
   kl_reward = rl.kl_beta and rl.get('kl_in_reward', False)  # PPO's
-  return (('ref_logps',) if rl.kl_beta else ()) + (
+  distill = rl.advantage == phases.DISTILL  # the teacher's, the student's
+  return (('ref_logps',) if rl.kl_beta or distill else ()) + (
       ('old_logps',) if rl.num_iterations > 1 or rl.mini_batch_size < samples
-      or rl.tis_cap or rl.mismatch_metrics or kl_reward else ()) + (
-          ('tis_weights',) if rl.tis_cap else ())
+      or rl.tis_cap or rl.mismatch_metrics or kl_reward or distill
+      else ()) + (('tis_weights',) if rl.tis_cap else ())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +96,7 @@ def batch_shapes(config: Any, count: int, mesh: Any,
                           np.zeros(rl.num_generations), {},
                           [[0.0]] * rl.num_generations)
   arrays = batch_lib.to_arrays(
-      [group], [1.0], length, 0, None if rl.advantage == phases.GAE
+      [group], [1.0], length, 0, None if rl.advantage in phases.PER_TOKEN
       else registry.get('advantage', rl.advantage))
   shapes = {k: ((count,) + v.shape[1:], v.dtype) for k, v in arrays.items()
             if keys is None or k in keys}

@@ -65,21 +65,32 @@ def jsd(log_s: jax.Array, log_t: jax.Array, beta: float) -> jax.Array:
 
 
 def attention_transfer(student: jax.Array, teacher: jax.Array,
-                       mask: jax.Array) -> jax.Array:
-  """Mean squared difference of attention maps [B, heads, T, S] per query
-  [B, T] (Zagoruyko & Komodakis 2017, arXiv 1612.03928, applied to
-  attention probabilities as in MiniLM, Wang et al. 2020, arXiv
-  2002.10957): heads averaged on each side first when their counts
-  differ; `mask` [B, T, S] selects the real (query, key) pairs."""
+                       real: jax.Array) -> jax.Array:
+  """The mean over real query positions (`real` [B, T]) of the squared
+  difference of two attention maps [B, heads, T, S], summed over keys and
+  averaged over heads; each side's heads averaged first when their counts
+  differ. Attention transfer (Zagoruyko & Komodakis 2017, arXiv
+  1612.03928) on attention probabilities, as in MiniLM (Wang et al. 2020,
+  arXiv 2002.10957, which uses a KL instead)."""
   if student.shape[1] != teacher.shape[1]:
     student, teacher = (x.mean(1, keepdims=True) for x in (student, teacher))
-  sq = ((student - teacher) ** 2 * mask[:, None]).sum(-1).mean(1)
-  return sq / jnp.maximum(mask.sum(-1), 1)
+  per_query = ((student - teacher) ** 2).sum(-1).mean(1)
+  return (per_query * real).sum() / jnp.maximum(real.sum(), 1)
 
 
-def feature(student: jax.Array, teacher: jax.Array,
-            weight: jax.Array) -> jax.Array:
-  """Mean squared error between projected student hidden states and the
-  teacher's [B, T, D_T] per position (FitNets, Romero et al. 2015, arXiv
-  1412.6550), `weight` [B, T] the positions that count."""
-  return ((student - teacher) ** 2).mean(-1) * weight
+def feature(student: jax.Array, teacher: jax.Array, real: jax.Array, *,
+            pooling: str) -> jax.Array:
+  """The mean squared error between (projected) student features and the
+  teacher's [B, T, D] (FitNets, Romero et al. 2015, arXiv 1412.6550):
+  `pooling='token'` per real position (`real` [B, T]) averaged over them;
+  'mean' between each sequence's mean-pooled features, averaged over the
+  sequences."""
+  if pooling == 'mean':
+    count = jnp.maximum(real.sum(-1, keepdims=True), 1)
+    student, teacher = ((x * real[..., None]).sum(1) / count
+                        for x in (student, teacher))
+    has = (real.sum(-1) > 0).astype(jnp.float32)
+    return (((student - teacher) ** 2).mean(-1) * has).sum() / jnp.maximum(
+        has.sum(), 1)
+  per_position = ((student - teacher) ** 2).mean(-1)
+  return (per_position * real).sum() / jnp.maximum(real.sum(), 1)

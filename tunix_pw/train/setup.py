@@ -59,11 +59,35 @@ def tokenizer(block: Any) -> Tokenizer:
   return tokenizers.load(tokenizer_source(block))
 
 
+# Text whose ids two tokenizers must agree on (with their vocabulary size
+# and special ids) to be the same tokenizer.
+PROBE = ''.join(chr(c) for c in range(32, 127)) + ' 12+30=42\nThe answer is'
+
+
+def check_same_tokenizer(model: Any, teacher: Any) -> None:
+  """A teacher's log-probabilities compare with the student's token by
+  token: the teacher (a model block) must tokenize as the student (`model`)
+  does and share its vocabulary."""
+  student_tok, teacher_tok = tokenizer(model), tokenizer(teacher)
+  sizes = [architecture(b).vocab_size for b in (model, teacher)]
+  same = (sizes[0] == sizes[1] and all(
+      getattr(student_tok, a) == getattr(teacher_tok, a)
+      for a in ('vocab_size', 'pad_id', 'bos_id', 'eos_id', 'stop_ids')) and
+          student_tok.encode(PROBE) == teacher_tok.encode(PROBE))
+  if not same:
+    raise UsageError(
+        f'the teacher ({tokenizer_source(teacher)}, {sizes[1]} logits) does '
+        f"not share the student's tokenizer ({tokenizer_source(model)}, "
+        f'{sizes[0]} logits): distillation compares next-token '
+        'distributions id by id.')
+
+
 def export(config: Any, model: nnx.Module) -> None:
   """`config.export`: the trained `model` (LoRA merged, in place) in the
   Hugging Face layout, with its tokenizer's files beside the weights, so
   that transformers and our own jobs load the directory alone."""
   lora.merge(model)
+  detach_projection(model)
   hf.save(config.export, model.cfg, nnx.state(model))
   tokenizers.save(tokenizer_source(config.model), config.export)
 
@@ -81,26 +105,46 @@ def model_from_block(block: Any, *, seed: int, mesh: Any,
   params = checkpoint_lib.latest_params(block.checkpoint, params)
   model = nnx.merge(graphdef, params, *([] if frozen is None else [frozen]))
   lora.merge(model)
+  detach_projection(model)
   return model, cfg
 
 
 def policy(config: Any, mesh: Any,
            rules: Any = None) -> tuple[Decoder, ModelConfig]:
   """The model of `config.model`, on `mesh`, with LoRA adapters (and an int8
-  base for QLoRA) when `config.lora.rank` > 0."""
+  base for QLoRA) when `config.lora.rank` > 0, and what `attach` adds."""
   rules = config.sharding if rules is None else rules
   model, cfg = model_from_block(config.model, seed=config.seed, mesh=mesh,
                                 rules=rules)
-  if config.lora.rank:
-    lora.apply(model, config.lora.targets, config.lora.rank,
-               config.lora.alpha, seed=config.seed,
-               quantize=config.lora.quantize)
-    # Adapters (and the int8 base) were made on one device: shard them like
-    # their base weights.
+  if attach(model, config):
+    # Adapters (an int8 base, a projection) were made on one device: shard
+    # them like their base weights.
     added = nnx.state(model, nnx.Any(lora.LoRAParam, lora.QuantizedBase))
     nnx.update(model, jax.device_put(added, checkpoints.param_shardings(
         added, mesh, rules)))
   return model, cfg
+
+
+def attach(model: Decoder, config: Any) -> bool:
+  """Adds what `config` trains beyond the model's own weights: LoRA
+  adapters, and feature distillation's projection (jobs/distill.py).
+  Returns whether anything was added."""
+  if config.lora.rank:
+    lora.apply(model, config.lora.targets, config.lora.rank,
+               config.lora.alpha, seed=config.seed,
+               quantize=config.lora.quantize)
+  feature = config.get('distill') and config.distill.strategy == 'feature'
+  if feature:
+    from tunix_pw.jobs import distill  # pylint: disable=g-import-not-at-top
+    distill.attach_projection(model, config)
+  return bool(config.lora.rank or feature)
+
+
+def detach_projection(model: nnx.Module) -> None:
+  """Drops a feature-distilled student's projection (jobs/distill.py): the
+  model is an ordinary one again, for export and for loads."""
+  if hasattr(model, 'distill_projection'):
+    del model.distill_projection
 
 
 def split(model: nnx.Module, use_lora: bool):
