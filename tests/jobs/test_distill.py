@@ -59,38 +59,45 @@ def test_a_teacher_that_tokenizes_differently_is_exit_2(tmp_path):
   assert not (tmp_path / 'w' / 'checkpoints').exists()
 
 
-@pytest.mark.parametrize('top_k, teacher_on_own_mesh', [(0, False),
-                                                         (8, True)])
-def test_the_plan_holds_the_teacher_resident_on_its_mesh(top_k,
-                                                         teacher_on_own_mesh):
+@pytest.mark.parametrize('strategy, top_k, teacher_on_own_mesh', [
+    ('logit', 0, False), ('logit', 8, True), ('attention', 0, True),
+    ('feature', 0, False)])
+def test_the_plan_holds_the_teacher_resident_on_its_mesh(
+    strategy, top_k, teacher_on_own_mesh):
   config = distill_config.get_config('runlocal')
-  config.distill.top_k = top_k
+  config.distill.update(strategy=strategy, top_k=top_k)
+  config.teacher.preset = 'tiny-gemma3'
   if teacher_on_own_mesh:
     config.meshes.layout = 'disaggregated'
     config.meshes.actor.update(axes='fsdp=4', devices='0:4')
     config.meshes.teacher.update(axes='fsdp=1,tp=4', devices='4:8')
   plan = distill.compile_plan(config, meshes.build(config.meshes,
                                                    jax.devices()))
-  assert [p.name for p in plan.phases] == ['train step', 'teacher logits']
+  assert [p.name for p in plan.phases] == ['train step', 'teacher outputs']
   teacher_role = 'teacher' if teacher_on_own_mesh else 'actor'
   assert 'teacher' in plan.resident[teacher_role]
   assert {'params', 'optimizer'} <= set(plan.resident['actor'])
 
 
-def test_compile_only_through_main(tmp_path):
-  """The student's step and the teacher's top-k forward pass compile for a
-  v5e-16 slice; the teacher's copy is resident beside the student."""
+@pytest.mark.parametrize('flags', [
+    ['--config.distill.top_k=16'], ['--config.distill.strategy=attention'],
+    ['--config.distill.strategy=feature', '--config.lora.rank=4']])
+def test_compile_only_through_main(tmp_path, flags):
+  """The student's step and the teacher's forward pass (top-k logits,
+  attention maps, layer outputs) compile for a v5e-16 slice; the teacher's
+  copy is resident beside the student."""
   result = helpers.run_main(
       '--config=tunix_pw/configs/distill.py:tiny-gemma3',
-      '--config.batch_size=16', '--config.data.max_length=64',
-      '--config.distill.top_k=16', '--compile_topology=v5litepod-16',
+      '--config.batch_size=16', '--config.data.max_length=64', *flags,
+      '--compile_topology=v5litepod-16',
       f'--workdir={tmp_path}', timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   report = json.loads((tmp_path / 'compile_report.json').read_text())
   assert {k: p['count'] for k, p in report['programs'].items()} == {
-      'train step': 1, 'teacher logits': 1}
+      'train step': 1, 'teacher outputs': 1}
   [group] = report['groups']
-  assert set(group['resident']) == {'params', 'optimizer', 'teacher'}
+  assert set(group['resident']) - {'frozen base'} == {'params', 'optimizer',
+                                                      'teacher'}
 
 
 OPD = '--config=tunix_pw/configs/grpo.py:runlocal,distill'

@@ -397,25 +397,9 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
     plan_phases.append(compile_only.logps_phase(
         'old logps', meshes, policy.mesh, full_state, rules, lower_logps))
   if rl.advantage == phases.DISTILL:
-    plan_phases.append(teacher_phase(config, meshes, resident))
+    plan_phases.append(plan_lib.teacher_phase(config, meshes, resident))
   elif 'ref_logps' in programs.needed:
     plan_phases.append(compile_only.reference_phase(
         config, meshes, full_state, lower_logps, resident))
   return compile_only.Plan(resident, plan_phases)
 
-
-def teacher_phase(config: Any, meshes: meshes_lib.RoleMeshes,
-                  resident: dict[str, dict[str, int]]) -> compile_only.Phase:
-  """On-policy distillation's teacher: its log-probabilities of the
-  samples on the reference role's mesh, its weights resident there."""
-  mesh, rules = scoring.reference_mesh(config, meshes), config.sharding
-  teacher = compile_only.abstract_frozen(config.teacher, mesh, rules)
-  phase = compile_only.logps_phase(
-      'teacher logps', meshes, mesh, nnx.state(teacher), rules,
-      lambda mesh, state: plan_lib.make_logps(
-          config, mesh, nnx.graphdef(teacher)).lower(
-              state, plan_lib.batch_shapes(
-                  config, config.rl.logps_micro_batch_size, mesh,
-                  phases.SEQUENCES)))
-  resident.setdefault(phase.role, {})['teacher'] = phase.resident_args
-  return phase

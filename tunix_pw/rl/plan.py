@@ -1,7 +1,7 @@
 """The GRPO family's program plan: everything a job compiles, built once,
 from arrays for a run and from shapes for a compile-only check
 (`jobs/grpo.py` consumes it both ways), and the compile-only phases of its
-batches, rollout and weight sync."""
+batches, rollout, weight sync and on-policy distillation's teacher."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tunix_pw.rl import batch as batch_lib, loss as loss_lib, phases, registry
 from tunix_pw.runtime import meshes as meshes_lib, reshard
 from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.sampling.sampler import Sampler
-from tunix_pw.train import program
+from tunix_pw.train import program, scoring
 
 
 def total_updates(config: Any) -> int:
@@ -138,3 +138,20 @@ def rollout_phase(config: Any, rollout_model: Any,
       resident_args=compile_only.per_device(nnx.state(rollout_model)),
       note=lambda: 'KV cache ' + compile_only.size(sampler.cache_bytes(
           samples, rl.max_prompt_length, sampling)))
+
+
+def teacher_phase(config: Any, meshes: meshes_lib.RoleMeshes,
+                  resident: dict[str, dict[str, int]]) -> compile_only.Phase:
+  """On-policy distillation's teacher: its log-probabilities of the
+  samples on the reference role's mesh, its weights resident there."""
+  mesh, rules = scoring.reference_mesh(config, meshes), config.sharding
+  teacher = compile_only.abstract_frozen(config.teacher, mesh, rules)
+  phase = compile_only.logps_phase(
+      'teacher logps', meshes, mesh, nnx.state(teacher), rules,
+      lambda mesh, state: make_logps(
+          config, mesh, nnx.graphdef(teacher)).lower(
+              state, batch_shapes(
+                  config, config.rl.logps_micro_batch_size, mesh,
+                  phases.SEQUENCES)))
+  resident.setdefault(phase.role, {})['teacher'] = phase.resident_args
+  return phase
