@@ -8,12 +8,16 @@ teacher (`tunix_pw/configs/distill.py:runlocal`: the data's NLL plus the
 forward KL to the teacher's next-token distributions), same steps, batch,
 learning rate and seed. Both are scored by greedy exact match on the same
 held-out problems (disjoint from the teacher's and the student's
-training). Prints one JSON line.
+training). Then, from the SFT-alone checkpoint, `--more` steps of SFT
+against as many of on-policy distillation (`grpo.py:runlocal,distill`,
+256 samples of the same prompts per step). Prints one JSON line.
 
   python benchmarks/distill.py [--steps=600] [--examples=1000] [--seed=0]
+      [--teacher=WORKDIR] [--more=200]
 
 Targets (issue 20): the teacher at least 20 points ahead of the student's
-SFT result; logit distillation at least 5 points above SFT alone.
+SFT result; logit distillation at least 5 points above SFT alone;
+on-policy distillation above SFT alone from the same start.
 """
 
 import argparse
@@ -37,6 +41,7 @@ def main() -> None:
   parser.add_argument('--examples', type=int, default=1000)
   parser.add_argument('--teacher_steps', type=int, default=3000)
   parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--more', type=int, default=200)
   parser.add_argument('--teacher', default='',
                       help='an existing teacher workdir (skips training one)')
   args = parser.parse_args()
@@ -59,11 +64,29 @@ def main() -> None:
                *([f'--config.teacher.checkpoint={teacher}']
                  if config == 'distill' else []), f'--workdir={run_dir}')
       student[name] = final_accuracy(run_dir)
+    start_dir = os.path.join(workdir, 'sft')
+    for name, config in (('sft_more', 'sft.py:runlocal'),
+                         ('on_policy', 'grpo.py:runlocal,distill')):
+      run_dir = os.path.join(workdir, name)
+      main_run(f'--config=tunix_pw/configs/{config}',
+               f'--config.model.checkpoint={start_dir}', *common[:1],
+               f'--config.steps={args.more}', f'--config.seed={args.seed}',
+               '--config.checkpoint.every=0', f'--workdir={run_dir}',
+               *([f'--config.teacher.checkpoint={teacher}',
+                  '--config.optimizer.learning_rate=2e-4',
+                  '--config.rl.prompts_per_step=32',
+                  '--config.rl.mini_batch_size=256',
+                  '--config.rl.micro_batch_size=64',
+                  '--config.rl.logps_micro_batch_size=128']
+                 if name == 'on_policy' else []))
+      student[name] = final_accuracy(run_dir)
     print(json.dumps(dict(
         benchmark='distill', seed=args.seed, steps=args.steps,
         train_examples=args.examples, teacher=final_accuracy(teacher),
         student=student,
         kd_minus_sft=round(student['logit_kd'] - student['sft'], 4),
+        on_policy_minus_sft_more=round(
+            student['on_policy'] - student['sft_more'], 4),
         wall_s=round(time.perf_counter() - start, 1),
         targets=dict(teacher_lead=0.2, kd_minus_sft=0.05))))
 

@@ -1,6 +1,7 @@
 """Pipelines: seeded order, exactly-once epochs, resume in a fresh process,
 per-process shares of a real two-process run, packing."""
 
+import dataclasses
 import functools
 import json
 import subprocess
@@ -47,6 +48,22 @@ def test_seeded_order_and_exactly_once_per_epoch(sources):
   two = indices(train, 0, epochs=2)
   assert sorted(two[:300]) == sorted(two[300:]) == list(range(300))
   assert two[:300] != two[300:]  # reshuffled each epoch
+
+
+def test_train_examples_limits_the_train_split_alone(sources, tmp_path):
+  """The data-limited regime: the first N train examples, the test split
+  whole; a pipeline over them reads those N and no others."""
+  limited, _ = pipeline.prepare(dataclasses.replace(
+      spec(tmp_path), train_examples=40))
+  assert len(limited['train']) == 40
+  assert len(limited['test']) == len(sources['test'])
+  assert sorted(indices(limited['train'], 0)) == list(range(40))
+  assert [pipeline.builders.decode(limited['train'][i]) for i in range(40)] \
+      == [pipeline.builders.decode(sources['train'][i]) for i in range(40)]
+  with pytest.raises(IndexError):
+    limited['train'][40]  # pylint: disable=pointless-statement
+  with pytest.raises(UsageError, match='train_examples=-1 must be at least'):
+    dataclasses.replace(spec(tmp_path), train_examples=-1).check()
 
 
 def test_train_and_test_are_disjoint(sources):
