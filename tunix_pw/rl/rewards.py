@@ -61,6 +61,16 @@ def reward_model(sample: Sample) -> float:
   return sample.model_score
 
 
+@register('reward', 'math_equal')
+def math_equal(sample: Sample) -> float:
+  """1 when the completion's final answer (its last \\boxed{}, else after
+  'answer is') equals the reference by value: fractions, decimals,
+  thousands separators, simple LaTeX, units (rl/math_equal.py)."""
+  from tunix_pw.rl import math_equal as math_lib  # pylint: disable=g-import-not-at-top (sympy, on first use)
+  return float(math_lib.equal(math_lib.final_answer(sample.completion),
+                              sample.answer))
+
+
 @register('reward', 'digits')
 def digits(sample: Sample) -> float:
   """Partial credit for arithmetic: the fraction of the reference's digits
