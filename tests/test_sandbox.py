@@ -1,0 +1,118 @@
+"""The code sandbox, run as root like CI: every escape fails, every limit
+holds, each case bounded in time, and the caller always gets a Result."""
+
+import os
+import shutil
+import socket
+import time
+
+import psutil
+import pytest
+
+from tunix_pw import sandbox
+from tunix_pw.errors import UsageError
+
+pytestmark = pytest.mark.skipif(
+    shutil.which('bwrap') is None,
+    reason='bubblewrap is not installed (.ci/run installs it)')
+
+TIGHT = sandbox.Limits(cpu_s=2, wall_s=8.0, memory_mb=256, file_mb=1,
+                       processes=16, output_bytes=1000)
+
+
+def run(code, **limits):
+  result = sandbox.run_python(code, limits=sandbox.Limits(
+      **{**TIGHT.__dict__, **limits}))
+  assert result.seconds < 15
+  return result
+
+
+def no_sandbox_processes_left(within_s=5.0):
+  """No process of the sandbox's user survives (killed ones may take a
+  moment to be reaped)."""
+  deadline = time.monotonic() + within_s
+  while time.monotonic() < deadline:
+    if not [p for p in psutil.process_iter(['uids'])
+            if p.info['uids'] and p.info['uids'].real == sandbox.NOBODY]:
+      return True
+    time.sleep(0.1)
+  return False
+
+
+def test_code_runs_and_its_output_comes_back():
+  result = run("import sys; print(sys.stdin.read().upper())")
+  assert result.ok and result.stdout == '\n'
+  result = sandbox.run_python('print(input()[::-1])', stdin='abc\n')
+  assert result.ok and result.stdout == 'cba\n'
+
+
+def test_no_network_not_even_the_hosts_loopback():
+  with socket.socket() as server:
+    server.bind(('127.0.0.1', 0))
+    server.listen()
+    port = server.getsockname()[1]
+    result = run(f"import socket\nsocket.create_connection(('127.0.0.1', "
+                 f"{port}), timeout=2)")
+  assert not result.ok and 'ConnectionRefusedError' in result.stderr
+  result = run("import socket\nsocket.create_connection(('8.8.8.8', 53), "
+               "timeout=2)")
+  assert not result.ok and 'unreachable' in result.stderr
+
+
+def test_only_its_private_tmp_is_writable():
+  # /var/tmp is world-writable outside; the sandbox sees it read-only.
+  outside = f'/var/tmp/tunix_pw_escape_{time.monotonic_ns()}'
+  result = run(f"open({outside!r}, 'w').write('x')")
+  assert not result.ok and 'Read-only file system' in result.stderr
+  assert not os.path.exists(outside)
+  result = run("open('/tmp/mine', 'w').write('x'); print(open('/tmp/mine')"
+               ".read())")
+  assert result.ok and result.stdout == 'x\n'
+
+
+def test_remounting_the_root_read_write_fails():
+  result = run("import subprocess\nr = subprocess.run(['mount', '-o', "
+               "'remount,rw', '/'], capture_output=True, text=True)\n"
+               "print(r.returncode)\nopen('/etc/escape', 'w')")
+  assert result.stdout.strip() != '0'
+  assert 'Read-only file system' in result.stderr
+
+
+def test_a_fork_bomb_hits_the_process_limit():
+  result = run("import os, time\nn = 0\ntry:\n  while True:\n"
+               "    if os.fork() == 0:\n      time.sleep(60)\n      os._exit(0)\n"
+               "    n += 1\nexcept OSError as e:\n  print('stopped after', n)")
+  assert result.stdout.startswith('stopped after')
+  assert int(result.stdout.split()[-1]) < TIGHT.processes
+  assert result.seconds < 8  # the sleepers died with the sandbox
+  assert no_sandbox_processes_left()
+
+
+def test_an_infinite_loop_is_killed_at_its_cpu_limit():
+  result = run('while True: pass', cpu_s=1)
+  assert not result.ok and not result.timed_out
+  assert result.seconds < 6
+
+
+def test_a_sleeper_is_killed_at_the_wall_clock():
+  result = run('import time; time.sleep(60)', wall_s=1.0)
+  assert result.timed_out and not result.ok and result.seconds < 5
+  assert no_sandbox_processes_left()
+
+
+def test_a_memory_bomb_is_stopped():
+  result = run('x = []\nwhile True: x.append(bytearray(10 ** 7))')
+  assert not result.ok and 'MemoryError' in result.stderr
+
+
+def test_an_output_flood_is_cut_off_and_truncated():
+  result = run("while True: print('x' * 10000)")
+  assert not result.ok and result.truncated
+  assert len(result.stdout) == TIGHT.output_bytes
+
+
+def test_a_missing_bwrap_is_a_config_error(monkeypatch):
+  monkeypatch.setattr(sandbox.shutil, 'which', lambda name: None)
+  with pytest.raises(UsageError, match='install them with apt-get install '
+                     'bubblewrap'):
+    sandbox.check_available()

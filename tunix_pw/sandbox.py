@@ -1,0 +1,120 @@
+"""Runs untrusted Python (a model's code) in a real sandbox: Debian's
+bubblewrap, started under an unprivileged user.
+
+These machines run as root, and a root bwrap keeps its capabilities (a
+remount to read-write works), so the sandbox starts through `setpriv` as
+nobody (65534) with no groups. Inside: a read-only root, a private /tmp,
+/dev and /proc of its own, no network and no other namespace shared, all
+capabilities dropped, killed with its parent. Outside, rlimits bound its
+CPU time, address space, file size (stdout and stderr are files, so an
+output flood stops there) and process count, and a wall clock kills its
+whole process group; the output comes back truncated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+from tunix_pw.errors import UsageError
+
+NOBODY = 65534
+TOOLS = ('bwrap', 'setpriv')
+# The interpreter inside: the system's, which nobody can run (a venv's may
+# live under a home that only root can read).
+PYTHON = '/usr/bin/python3'
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+  cpu_s: int = 5  # CPU seconds (SIGXCPU, then SIGKILL)
+  wall_s: float = 10.0  # the whole process group is killed after this
+  memory_mb: int = 1024  # address space
+  file_mb: int = 8  # any file written, stdout and stderr included
+  processes: int = 32  # processes and threads of the sandbox's user
+  output_bytes: int = 16 * 1024  # of stdout and of stderr kept
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+  returncode: int  # negative: killed by that signal
+  stdout: str
+  stderr: str
+  timed_out: bool  # the wall clock ran out
+  truncated: bool  # some output was cut at `output_bytes`
+  seconds: float
+
+  @property
+  def ok(self) -> bool:
+    return self.returncode == 0 and not self.timed_out
+
+
+def check_available() -> None:
+  """A config error (one sentence) when the sandbox cannot start here."""
+  missing = [t for t in TOOLS if shutil.which(t) is None] + (
+      [] if os.access(PYTHON, os.X_OK) else [PYTHON])
+  if missing:
+    raise UsageError(
+        f'the code sandbox needs {" and ".join(missing)}, not found; '
+        'install them with apt-get install bubblewrap util-linux python3.')
+
+
+def command(argv: list[str]) -> list[str]:
+  """`argv` wrapped: setpriv to nobody, then bwrap's namespaces."""
+  return ['setpriv', f'--reuid={NOBODY}', f'--regid={NOBODY}',
+          '--clear-groups', 'bwrap', '--ro-bind', '/', '/', '--dev', '/dev',
+          '--proc', '/proc', '--tmpfs', '/tmp', '--chdir', '/tmp',
+          '--unshare-all', '--die-with-parent', '--new-session',
+          '--cap-drop', 'ALL', '--setenv', 'HOME', '/tmp', *argv]
+
+
+def _set_limits(limits: Limits) -> None:
+  """In the child, before it becomes nobody: rlimits it and its
+  descendants inherit."""
+  mb = 1024 * 1024
+  for kind, value in ((resource.RLIMIT_CPU, limits.cpu_s),
+                      (resource.RLIMIT_AS, limits.memory_mb * mb),
+                      (resource.RLIMIT_FSIZE, limits.file_mb * mb),
+                      (resource.RLIMIT_NPROC, limits.processes),
+                      (resource.RLIMIT_CORE, 0)):
+    resource.setrlimit(kind, (value, value))
+
+
+def _read(f, limit: int) -> tuple[str, bool]:
+  f.seek(0)
+  data = f.read(limit + 1)
+  return data[:limit].decode(errors='replace'), len(data) > limit
+
+
+def run_python(code: str, stdin: str = '', limits: Limits = Limits(),
+               python: str = PYTHON) -> Result:
+  """Runs `code` with `python -I` in the sandbox; never raises for what the
+  code does (crashes, limits and timeouts come back in the Result)."""
+  check_available()
+  start = time.monotonic()
+  with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    proc = subprocess.Popen(
+        command([python, '-I', '-c', code]), stdin=subprocess.PIPE,
+        stdout=out, stderr=err, start_new_session=True,
+        preexec_fn=lambda: _set_limits(limits))
+    timed_out = False
+    try:
+      proc.communicate(stdin.encode(), timeout=limits.wall_s)
+    except subprocess.TimeoutExpired:
+      timed_out = True
+    finally:
+      try:  # the whole group: setpriv, bwrap and (through it) the sandbox
+        os.killpg(proc.pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+      proc.wait()
+    stdout, cut_out = _read(out, limits.output_bytes)
+    stderr, cut_err = _read(err, limits.output_bytes)
+  return Result(proc.returncode, stdout, stderr, timed_out,
+                cut_out or cut_err, time.monotonic() - start)
