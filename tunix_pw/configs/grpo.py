@@ -82,7 +82,14 @@ def rl_block(variant: str, local: bool) -> ml_collections.ConfigDict:
       tis_cap=0.0, mismatch_metrics=False,
       # A reward model (the reward_model job's export) scoring every
       # sample: name it in the rewards with a weight ('reward_model:1').
-      reward_model='')
+      reward_model='',
+      # An LLM judge (rl/judge.py): a model (Hugging Face checkpoint or
+      # trained workdir) that reads each sample through the template and
+      # answers with a score; name it in the rewards ('judge:1').
+      judge='', judge_chat=False, judge_max_new_tokens=8, judge_scale=10.0,
+      judge_malformed=0.0,  # the reward of an answer with no usable score
+      judge_template=('Rate the answer from 0 to 10.\nQuestion: {prompt}\n'
+                      'Answer: {completion}\nScore: '))
   block.update(VARIANTS[variant])
   return ml_collections.ConfigDict(block)
 

@@ -26,6 +26,7 @@ from tunix_pw.data import formats, mixture, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints
 from tunix_pw.rl import phases
+from tunix_pw.rl import batch as batch_lib, judge as judge_lib
 from tunix_pw.rl import plan as plan_lib, registry, reward_model
 from tunix_pw.rl import rewards as rewards_lib
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard
@@ -60,6 +61,14 @@ def check_datasets(config: Any) -> None:
         "naming it (e.g. --config.rl.rewards=reward_model:1).")
   if config.rl.reward_model and checks.scope().files:
     checkpoints.detect(config.rl.reward_model)  # exists, Hugging Face
+  judged = any('judge' in dict(rewards_lib.parse_weights(rewards))
+               for _, _, rewards in datasets(config).values())
+  if judged != bool(config.rl.judge):
+    raise UsageError('the judge reward needs --config.rl.judge (a model to '
+                     'grade the samples), and that model a reward naming it '
+                     '(e.g. --config.rl.rewards=judge:1).')
+  if config.rl.judge:
+    judge_lib.check(config.rl)
   if config.eval_k < 0 or config.eval_k == 1:
     raise UsageError(f'--config.eval_k={config.eval_k} must be 0 (greedy '
                      'only) or at least 2 samples per problem.')
@@ -136,7 +145,7 @@ class Parts:
   tokenizer: Any
   data: Any  # the prompt pipeline, or a mixture of several
   reward_weights: dict[str, list[tuple[str, float]]]  # dataset -> weights
-  model_scores: Callable | None = None  # the reward model's, when named
+  scorers: batch_lib.Scorers = batch_lib.Scorers()  # reward model, judge
 
 
 def rollout_engine(config: Any, programs: plan_lib.Plan, tokenizer: Any,
@@ -183,7 +192,7 @@ def rollout_and_logps(parts: Parts, state: Any, index: int,
   with timer('rollout'):
     result = phases.rollout(parts.sampler, parts.data, parts.tokenizer, rl,
                             parts.reward_weights, config.seed, index,
-                            parts.model_scores)
+                            parts.scorers)
   preemption.check(stop)
   with timer('logps'):
     arrays = phases.training_arrays(
@@ -240,11 +249,13 @@ def build(config: Any, runtime: backend.Runtime,
     reference = scoring.reference(config, programs.policy, meshes, runtime)
     reference_logps = programs.logps(reference.mesh)
   data, heldout, reward_weights = prompts(config, runtime, tokenizer)
-  model_scores = (reward_model.scorer(config, meshes)
-                  if config.rl.reward_model else None)
+  scorers = batch_lib.Scorers(
+      reward_model.scorer(config, meshes) if config.rl.reward_model
+      else None,
+      judge_lib.build(config, meshes, runtime) if config.rl.judge else None)
   return Parts(config, runtime, programs, sampler, reference,
                reference_logps, tokenizer, data, reward_weights,
-               model_scores), heldout
+               scorers), heldout
 
 
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,

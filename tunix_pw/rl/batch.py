@@ -75,19 +75,45 @@ def rollout_logps(groups: Sequence[Group], length: int) -> np.ndarray:
   return out
 
 
+@dataclasses.dataclass(frozen=True)
+class Scorers:
+  """Models that score every sample of a round for the rewards: a reward
+  model, of prompt + completion ids (`model_score`); an LLM judge, of the
+  texts, with its count of malformed answers (`judge_score`)."""
+
+  reward_model: Callable[[list[list[int]]], np.ndarray] | None = None
+  judge: Callable[[list[str], list[str]], tuple[np.ndarray, int]] | None = None
+
+  def __call__(self, prompt_ids: list[list[int]],
+               completion_ids: list[list[int]], prompts: list[str],
+               completions: list[str],
+               counts: dict[str, int]) -> list[dict[str, float]]:
+    """Each row's Sample fields; the judge's malformed answers counted."""
+    fields = [{} for _ in prompt_ids]
+    if self.reward_model:
+      scores = self.reward_model([p + c for p, c in zip(prompt_ids,
+                                                          completion_ids)])
+      for row, score in zip(fields, scores):
+        row['model_score'] = float(score)
+    if self.judge:
+      scores, malformed = self.judge(prompts, completions)
+      counts['judge_malformed'] = counts.get('judge_malformed', 0) + malformed
+      for row, score in zip(fields, scores):
+        row['judge_score'] = float(score)
+    return fields
+
+
 def rollout(sampler: Any, data: Iterator[list[dict[str, Any]]],
             tokenizer: Any, rl: Any, weights: dict[str, Any],
-            sampling: Callable[[int], Any],
-            model_scores: Callable[[list[list[int]]], np.ndarray] | None = None
+            sampling: Callable[[int], Any], scorers: Scorers = Scorers()
             ) -> tuple[list[Group], list[float], dict[str, int]]:
   """Groups for one step: generate, score (with the reward weights of each
   prompt's dataset: `weights[prompt.get('dataset', '')]`), and with
   dynamic sampling drop
   groups of equal rewards and refill from new prompts, up to
   `refill_rounds`; short of groups at the cap, the last group repeats with
-  weight 0. `sampling(round)` gives each round's settings;
-  `model_scores(sequences)`, a reward model's scores of each prompt +
-  completion (the `reward_model` reward). Returns (groups, group weights,
+  weight 0. `sampling(round)` gives each round's settings; `scorers`, the
+  model-based scores the rewards read. Returns (groups, group weights,
   counts)."""
   kept, counts = [], dict(dropped=0, padded=0, rounds=0, reward_errors=0,
                           generated=0)
@@ -99,22 +125,21 @@ def rollout(sampler: Any, data: Iterator[list[dict[str, Any]]],
     tokens, logprobs, lengths = fetch((out.tokens, out.logprobs,
                                        out.lengths))
     counts['generated'] += int(lengths.sum())
-    scores = (model_scores([ids + tokens[r, :lengths[r]].tolist()
-                            for r, ids in enumerate(rows_prompts)])
-              if model_scores else [None] * len(tokens))
+    every = [tokens[r, :lengths[r]].tolist() for r in range(len(tokens))]
+    texts = [tokenizer.decode([t for t in c if t not in tokenizer.stop_ids])
+             for c in every]
+    prompt_texts = [tokenizer.decode(ids) for ids in rows_prompts]
+    fields = scorers(rows_prompts, every, prompt_texts, texts, counts)
     for i, prompt in enumerate(prompts):
       rows = range(i * rl.num_generations, (i + 1) * rl.num_generations)
-      completions = [tokens[r, :lengths[r]].tolist() for r in rows]
+      completions = [every[r] for r in rows]
       completion_logprobs = [logprobs[r, :lengths[r]].tolist() for r in rows]
       truncated = [not c or c[-1] not in tokenizer.stop_ids
                    for c in completions]
       samples = [rewards_lib.Sample(
-          prompt=tokenizer.decode(prompt['prompt']),
-          completion=tokenizer.decode(
-              [t for t in c if t not in tokenizer.stop_ids]),
+          prompt=prompt_texts[r], completion=texts[r],
           answer=prompt['answer'], length=len(c), budget=rl.max_new_tokens,
-          truncated=t, model_score=None if scores[r] is None
-          else float(scores[r]))
+          truncated=t, **fields[r])
                  for r, c, t in zip(rows, completions, truncated)]
       dataset = prompt.get('dataset', '')
       total, per_fn, errors = rewards_lib.score(samples, weights[dataset],

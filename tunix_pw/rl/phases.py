@@ -70,13 +70,13 @@ def sampling(rl: Any, seed: int = 0) -> SamplingConfig:
 
 def rollout(sampler: Any, data: Any, tokenizer: Any, rl: Any,
             reward_weights: Any, seed: int, step: int,
-            model_scores: Any = None) -> Rollout:
-  """The step's scored groups (with a reward model's scores, given
-  `model_scores`); each refill round samples with its own seed."""
+            scorers: batch_lib.Scorers = batch_lib.Scorers()) -> Rollout:
+  """The step's scored groups (with the model-based scores of `scorers`);
+  each refill round samples with its own seed."""
   groups, weights, counts = batch_lib.rollout(
       sampler, data, tokenizer, rl, reward_weights,
       lambda rounds: sampling(rl, seed * 1_000_003 + step * 101 + rounds),
-      model_scores)
+      scorers)
   return Rollout(groups, weights, counts)
 
 

@@ -32,6 +32,7 @@ class Sample:
   budget: int  # max new tokens
   truncated: bool  # hit the budget without a stop token
   model_score: float | None = None  # the reward model's (rl.reward_model)
+  judge_score: float | None = None  # the LLM judge's (rl.judge)
 
 
 def _number(text: str) -> float | None:
@@ -59,6 +60,15 @@ def reward_model(sample: Sample) -> float:
     raise ValueError('no reward model scored this sample; set '
                      '--config.rl.reward_model')
   return sample.model_score
+
+
+@register('reward', 'judge')
+def judge(sample: Sample) -> float:
+  """The LLM judge's score over its scale, in [0, 1] (a malformed answer:
+  --config.rl.judge_malformed; rl/judge.py)."""
+  if sample.judge_score is None:
+    raise ValueError('no judge scored this sample; set --config.rl.judge')
+  return sample.judge_score
 
 
 @register('reward', 'math_equal')

@@ -1,0 +1,91 @@
+"""The LLM judge: its answers parsed into rewards, malformed ones given the
+configured reward and counted (a scripted judge), and a real one grading a
+GRPO run through main."""
+
+import numpy as np
+import pytest
+
+from tests import helpers
+from tunix_pw.configs import grpo as grpo_config
+from tunix_pw.rl import batch, judge, rewards
+from tunix_pw.train import metrics
+
+
+@pytest.mark.parametrize('answer, expected', [
+    ('7', 0.7), (' 10', 1.0), ('0', 0.0), ('8/10 good', 0.8),
+    ('Score: 4.5 points', 0.45), ('great!', None), ('', None),
+    ('11', None), ('-3', None)])
+def test_parse(answer, expected):
+  got = judge.parse(answer, 10.0)
+  assert got == pytest.approx(expected) if expected is not None else \
+      got is None
+
+
+def scripted_rl():
+  rl = grpo_config.get_config('runlocal').rl
+  rl.judge_malformed = -0.5
+  return rl
+
+
+def test_a_scripted_judge_scores_and_counts_malformed_answers():
+  seen = []
+
+  def answers(asks):
+    seen.extend(asks)
+    return ['9', 'no idea', '3', '42']
+
+  scores, malformed = judge.Judge(answers, scripted_rl())(
+      ['1+1=', '2+2=', '3+3=', '4+4='], ['2', '5', '6', '8'])
+  np.testing.assert_allclose(scores, [0.9, -0.5, 0.3, -0.5])
+  assert malformed == 2
+  assert seen[1] == ('Rate the answer from 0 to 10.\nQuestion: 2+2=\n'
+                     'Answer: 5\nScore: ')
+
+
+def test_the_scorers_put_the_judges_scores_on_the_samples():
+  counts = {}
+  fields = batch.Scorers(judge=judge.Judge(lambda asks: ['5', '?'],
+                                           scripted_rl()))(
+      [[1], [1]], [[2], [3]], ['a', 'b'], ['x', 'y'], counts)
+  assert fields == [{'judge_score': 0.5}, {'judge_score': -0.5}]
+  assert counts == {'judge_malformed': 1}
+  sample = rewards.Sample('a', 'x', '', 1, 4, False, **fields[0])
+  assert rewards.judge(sample) == 0.5
+
+
+def test_a_run_graded_by_a_judge(tmp_path):
+  """An SFT workdir judges GRPO's samples: every sample gets the judge's
+  score or the malformed reward, and the malformed ones are counted."""
+  judge_dir = tmp_path / 'judge'
+  result = helpers.run_main('--config=tunix_pw/configs/sft.py:runlocal',
+                            '--config.steps=2', '--config.eval_examples=0',
+                            f'--workdir={judge_dir}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  result = helpers.run_main(
+      '--config=tunix_pw/configs/grpo.py:runlocal', '--config.steps=2',
+      '--config.rl.rewards=judge:1', f'--config.rl.judge={judge_dir}',
+      '--config.rl.judge_malformed=-1', '--config.eval_examples=0',
+      f'--workdir={tmp_path / "grpo"}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  logged = [m for m in metrics.read(str(tmp_path / 'grpo')) if 'loss' in m]
+  samples = 8 * 8
+  for m in logged:
+    assert 0 <= m['judge_malformed'] <= samples
+    assert -1.0 <= m['reward/judge'] <= 1.0
+    if m['judge_malformed'] == samples:
+      assert m['reward/judge'] == -1.0
+
+
+@pytest.mark.parametrize('flags, says', [
+    (['--config.rl.rewards=judge:1'], 'needs --config.rl.judge'),
+    (['--config.rl.judge=/x'], 'needs --config.rl.judge'),
+    (['--config.rl.rewards=judge:1', '--config.rl.judge=/x',
+      '--config.rl.judge_template=Rate {completion}'],
+     'judge_template needs a {prompt} field'),
+])
+def test_judge_config_errors(tmp_path, flags, says):
+  result = helpers.run_main('--config=tunix_pw/configs/grpo.py:runlocal',
+                            *flags, '--check_only', f'--workdir={tmp_path}')
+  assert result.returncode == 2
+  [line] = helpers.error_lines(result.stderr)
+  assert says in line

@@ -1,0 +1,90 @@
+"""An LLM as judge (the `judge` reward): a frozen model on the rollout mesh
+reads each sample through a fixed prompt template and answers with a
+score.
+
+`--config.rl.judge` names the model (a Hugging Face checkpoint or a
+trained workdir); `rl.judge_template` has `{prompt}` and `{completion}`
+fields; the judge decodes greedily up to `rl.judge_max_new_tokens`; the
+first number of its answer over `rl.judge_scale` is the reward. An answer
+with no number, or one outside [0, judge_scale], is malformed: it scores
+`rl.judge_malformed` and is counted (`judge_malformed` per step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+import re
+from typing import Any
+
+import numpy as np
+
+from tunix_pw.errors import UsageError
+from tunix_pw.models import tokenizers
+from tunix_pw.runtime.fetch import fetch
+from tunix_pw.sampling.rollout import SamplingConfig
+from tunix_pw.sampling.sampler import make_sampler
+from tunix_pw.train import setup
+
+_NUMBER = re.compile(r'-?\d+(?:\.\d+)?')
+
+
+def check(rl: Any) -> None:
+  for field in ('{prompt}', '{completion}'):
+    if field not in rl.judge_template:
+      raise UsageError(f'--config.rl.judge_template needs a {field} field.')
+  if rl.judge_scale <= 0 or rl.judge_max_new_tokens < 1:
+    raise UsageError(f'--config.rl.judge_scale={rl.judge_scale} must be '
+                     'positive and --config.rl.judge_max_new_tokens at '
+                     'least 1.')
+
+
+def parse(answer: str, scale: float) -> float | None:
+  """The judge's first number over `scale`, or None when it is malformed
+  (no number, or one outside [0, scale])."""
+  match = _NUMBER.search(answer)
+  if not match:
+    return None
+  value = float(match.group())
+  return value / scale if 0 <= value <= scale else None
+
+
+class Judge:
+  """(prompts, completions) -> (rewards [N], malformed count), from
+  `answers(texts) -> judge answers` (the model's greedy decode)."""
+
+  def __init__(self, answers: Callable[[list[str]], list[str]], rl: Any):
+    self.answers, self.rl = answers, rl
+
+  def __call__(self, prompts: Sequence[str],
+               completions: Sequence[str]) -> tuple[np.ndarray, int]:
+    asks = [self.rl.judge_template.format(prompt=p, completion=c)
+            for p, c in zip(prompts, completions)]
+    scores = [parse(a, self.rl.judge_scale) for a in self.answers(asks)]
+    return (np.asarray([self.rl.judge_malformed if s is None else s
+                        for s in scores], np.float32),
+            sum(s is None for s in scores))
+
+
+def build(config: Any, meshes: Any, runtime: Any) -> Judge:
+  """The judge of `--config.rl.judge`, greedy, on the rollout mesh."""
+  rl, mesh = config.rl, meshes['rollout']
+  block = config.model.copy_and_resolve_references()
+  block.checkpoint, block.tokenizer = rl.judge, ''
+  model, _ = setup.model_from_block(block, seed=config.seed, mesh=mesh,
+                                    rules=config.sharding)
+  tokenizer = setup.tokenizer(block)
+  sampler = make_sampler(model, tokenizer, mesh=mesh, rules=config.sharding,
+                         runtime=runtime)
+  sampling = SamplingConfig(max_new_tokens=rl.judge_max_new_tokens,
+                            greedy=True)
+
+  def answers(texts: list[str]) -> list[str]:
+    out = sampler.generate([tokenizers.encode_prompt(tokenizer, t,
+                                                     rl.judge_chat)
+                            for t in texts], sampling)
+    tokens, lengths = fetch((out.tokens, out.lengths))
+    return [tokenizer.decode([t for t in tokens[r, :lengths[r]]
+                              if t not in tokenizer.stop_ids])
+            for r in range(len(texts))]
+
+  return Judge(answers, rl)
