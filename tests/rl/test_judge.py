@@ -53,21 +53,19 @@ def test_the_scorers_put_the_judges_scores_on_the_samples():
   assert rewards.judge(sample) == 0.5
 
 
-def test_a_run_graded_by_a_judge(tmp_path):
-  """An SFT workdir judges GRPO's samples: every sample gets the judge's
-  score or the malformed reward, and the malformed ones are counted."""
-  judge_dir = tmp_path / 'judge'
-  result = helpers.run_main('--config=tunix_pw/configs/sft.py:runlocal',
-                            '--config.steps=2', '--config.eval_examples=0',
-                            f'--workdir={judge_dir}')
+def test_a_run_graded_by_a_judge(trained_sft, tmp_path):
+  """A trained SFT workdir judges GRPO's samples: every sample gets the
+  judge's score or the malformed reward, and the malformed ones are
+  counted."""
+  result, judge_dir = trained_sft
   assert result.returncode == 0, result.stderr[-3000:]
   result = helpers.run_main(
       '--config=tunix_pw/configs/grpo.py:runlocal', '--config.steps=2',
       '--config.rl.rewards=judge:1', f'--config.rl.judge={judge_dir}',
       '--config.rl.judge_malformed=-1', '--config.eval_examples=0',
-      f'--workdir={tmp_path / "grpo"}')
+      f'--workdir={tmp_path}')
   assert result.returncode == 0, result.stderr[-3000:]
-  logged = [m for m in metrics.read(str(tmp_path / 'grpo')) if 'loss' in m]
+  logged = [m for m in metrics.read(str(tmp_path)) if 'loss' in m]
   samples = 8 * 8
   for m in logged:
     assert 0 <= m['judge_malformed'] <= samples
