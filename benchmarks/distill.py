@@ -26,13 +26,11 @@ import os
 import tempfile
 import time
 
-from runs import main_run
+from runs import logged, main_run
 
 
 def final_accuracy(workdir: str) -> float:
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    return [m['eval/accuracy'] for m in map(json.loads, f)
-            if 'eval/accuracy' in m][-1]
+  return logged(workdir, 'eval/accuracy')[-1]['eval/accuracy']
 
 
 def main() -> None:

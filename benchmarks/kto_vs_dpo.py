@@ -24,13 +24,12 @@ import os
 import tempfile
 import time
 
-from runs import main_run
+from runs import logged, main_run
 
 
 def heldout_accuracy(workdir: str) -> float:
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    return [m for m in map(json.loads, f)
-            if 'eval/pairwise_accuracy' in m][-1]['eval/pairwise_accuracy']
+  key = 'eval/pairwise_accuracy'
+  return logged(workdir, key)[-1][key]
 
 
 def main() -> None:

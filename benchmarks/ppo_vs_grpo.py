@@ -20,15 +20,14 @@ import statistics
 import tempfile
 import time
 
-from runs import main_run
+from runs import logged, main_run
 
 HELDOUT = 1000
 
 
 def gain(stage_dir: str) -> tuple[float, float]:
   """(accuracy before, after) of an RL stage's held-out evaluations."""
-  with open(os.path.join(stage_dir, 'metrics.jsonl')) as f:
-    evals = [m for m in map(json.loads, f) if 'eval/accuracy' in m]
+  evals = logged(stage_dir, 'eval/accuracy')
   return evals[0]['eval/accuracy'], evals[-1]['eval/accuracy']
 
 

@@ -29,7 +29,7 @@ import os
 import tempfile
 import time
 
-from runs import main_run
+from runs import logged, main_run
 
 
 
@@ -73,14 +73,11 @@ def main() -> None:
              '--config.grpo.rl.rewards=reward_model:1',
              '--config.grpo.rl.kl_beta=0.1',
              f'--config.grpo.rl.reward_model={os.path.join(workdir, "rm_hf")}')
-    with open(os.path.join(grpo, 'grpo', 'metrics.jsonl')) as f:
-      accuracy = [m['eval/accuracy'] for m in map(json.loads, f)
-                  if 'eval/accuracy' in m]
-    with open(os.path.join(rm, 'metrics.jsonl')) as f:
-      evals = [m for m in map(json.loads, f) if 'eval/pairwise_accuracy' in m]
-    with open(os.path.join(base, 'sft', 'metrics.jsonl')) as f:
-      base_accuracy = [m['eval/accuracy'] for m in map(json.loads, f)
-                       if 'eval/accuracy' in m][-1]
+    accuracy = [m['eval/accuracy'] for m in logged(
+        os.path.join(grpo, 'grpo'), 'eval/accuracy')]
+    evals = logged(rm, 'eval/pairwise_accuracy')
+    base_accuracy = logged(os.path.join(base, 'sft'),
+                           'eval/accuracy')[-1]['eval/accuracy']
     print(json.dumps(dict(
         benchmark='reward_model', seed=args.seed, steps=args.steps,
         train_pairs=count(os.path.join(pairs, 'train.jsonl')),
@@ -90,7 +87,8 @@ def main() -> None:
                            for m in evals},
         grpo_on_reward_model=dict(start=accuracy[0], end=accuracy[-1],
                                   gain=round(accuracy[-1] - accuracy[0], 4)),
-        wall_s=round(time.perf_counter() - start, 1), targets=dict(pairwise_accuracy=0.9, grpo_gain=0.04))))
+        wall_s=round(time.perf_counter() - start, 1),
+        targets=dict(pairwise_accuracy=0.9, grpo_gain=0.04))))
 
 
 if __name__ == '__main__':

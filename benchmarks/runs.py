@@ -1,6 +1,7 @@
 """Runs `python -m tunix_pw.main` in a fresh process from the repository
 root, as a user would, for the benchmarks that chain jobs."""
 
+import json
 import os
 import subprocess
 import sys
@@ -16,3 +17,9 @@ def main_run(*args: str) -> str:
   if result.returncode:
     sys.exit(f'{" ".join(args)} failed:\n{result.stderr[-3000:]}')
   return result.stdout
+
+
+def logged(workdir: str, key: str) -> list[dict]:
+  """The records of a job's metrics.jsonl that hold `key`, in order."""
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    return [m for m in map(json.loads, f) if key in m]

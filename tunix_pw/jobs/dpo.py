@@ -9,6 +9,7 @@ checkpoint -> preemption check.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 import functools
 from typing import Any
 
@@ -196,6 +197,20 @@ def pairs_of_labelled(source: Any) -> list[dict[str, str]]:
           for prompt, sides in first.items() if len(sides) == 2]
 
 
+def heldout_pairs(config: Any, name: str, source: Any, tokenizer: Any,
+                  runtime: Any) -> Callable[[], pipeline.Pipeline]:
+  """One pass over the held-out pairs, anew each call: a pair set's test
+  split, or the pairs in a labelled one; checked to fill a batch."""
+  paired = name in PAIRED
+  pairs = source if paired else pairs_of_labelled(source)
+  what = f'the test split of {name}' + ('' if paired else ' (its pairs)')
+  pipeline.check_eval_batch(pairs, config.eval_batch_size, what)
+  return lambda: pair_pipeline(
+      config, pairs, name if paired else 'preferences', tokenizer, runtime,
+      formats.preference_transform, formats.pad_pairs,
+      batch_size=config.eval_batch_size, epochs=1, what=what)
+
+
 def pairwise_accuracy(algorithm: str, policy_logps: Any, reference_logps: Any,
                       heldout: Any) -> dict[str, float]:
   """The share of held-out pairs the policy prefers the right way: by the
@@ -235,12 +250,8 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
 
   spec = pipeline.DataSpec.from_block(config.data)
   sources, _ = pipeline.prepare(spec, runtime)
-  heldout = (sources['test'] if spec.name in PAIRED else
-             pairs_of_labelled(sources['test']))
-  heldout_name = spec.name if spec.name in PAIRED else 'preferences'
-  what = f'the test split of {spec.name}' + (
-      '' if spec.name in PAIRED else ' (its pairs)')
-  pipeline.check_eval_batch(heldout, config.eval_batch_size, what)
+  heldout = heldout_pairs(config, spec.name, sources['test'], tokenizer,
+                          runtime)
   data = pair_pipeline(
       config, sources['train'], spec.name, tokenizer, runtime,
       formats.unpaired_transform if kto else formats.preference_transform,
@@ -257,11 +268,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
         algorithm,
         lambda batch: policy_logps(nnx.state(policy.model(
             session.state.params)), pipeline.place(batch, mesh, rules)),
-        reference_logps,
-        lambda: pair_pipeline(
-            config, heldout, heldout_name, tokenizer, runtime,
-            formats.preference_transform, formats.pad_pairs,
-            batch_size=config.eval_batch_size, epochs=1, what=what)))
+        reference_logps, heldout))
 
   def step(index: int) -> tuple[Any, int]:
     host = next(data)

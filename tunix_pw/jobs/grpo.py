@@ -1,4 +1,5 @@
-"""GRPO and its variants (DAPO, Dr. GRPO, GSPO-token), one explicit loop.
+"""GRPO and its variants (DAPO, Dr. GRPO, GSPO-token, CISPO, REINFORCE++,
+on-policy distillation), one explicit loop.
 
 Each step runs the phases of `tunix_pw/rl/phases.py`: rollout on the
 rollout mesh (G generations each; DAPO refills groups whose rewards are all
@@ -22,56 +23,16 @@ import jax
 import numpy as np
 
 from tunix_pw import checks, compile_only, console
-from tunix_pw.data import formats, mixture, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints
 from tunix_pw.rl import phases
 from tunix_pw.rl import batch as batch_lib, judge as judge_lib
-from tunix_pw.rl import plan as plan_lib, registry, reward_model
-from tunix_pw.rl import rewards as rewards_lib
+from tunix_pw.rl import plan as plan_lib, prompts as prompts_lib
+from tunix_pw.rl import registry, reward_model
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.sampling.sampler import Sampler, make_sampler
 from tunix_pw.train import evaluate, loop, optim, program, scoring, setup
-
-
-def datasets(config: Any) -> dict[str, tuple[Any, float, str]]:
-  """name -> (data block, weight, rewards): the mixture's datasets, or the
-  data block alone (named '') scored by --config.rl.rewards."""
-  if not config.mixture:
-    return {'': (config.data, 1.0, config.rl.rewards)}
-  return {name: (entry.data, entry.weight, entry.rewards)
-          for name, entry in config.mixture.items()}
-
-
-def check_datasets(config: Any) -> None:
-  for name, (block, weight, rewards) in datasets(config).items():
-    prefix = f'--config.mixture.{name}' if name else '--config'
-    pipeline.check_data_block(block, f'{prefix}.data')
-    rewards_lib.parse_weights(rewards, f'{prefix}.rewards' if name
-                              else '--config.rl.rewards')
-    if weight <= 0:
-      raise UsageError(f'{prefix}.weight={weight} must be positive.')
-  named = any('reward_model' in dict(rewards_lib.parse_weights(rewards))
-              for _, _, rewards in datasets(config).values())
-  if named != bool(config.rl.reward_model):
-    raise UsageError(
-        'the reward_model reward needs --config.rl.reward_model (a reward '
-        'model exported by the reward_model job), and that model a reward '
-        "naming it (e.g. --config.rl.rewards=reward_model:1).")
-  if config.rl.reward_model and checks.scope().files:
-    checkpoints.detect(config.rl.reward_model)  # exists, Hugging Face
-  judged = any('judge' in dict(rewards_lib.parse_weights(rewards))
-               for _, _, rewards in datasets(config).values())
-  if judged != bool(config.rl.judge):
-    raise UsageError('the judge reward needs --config.rl.judge (a model to '
-                     'grade the samples), and that model a reward naming it '
-                     '(e.g. --config.rl.rewards=judge:1).')
-  if config.rl.judge:
-    judge_lib.check(config.rl)
-  if config.eval_k < 0 or config.eval_k == 1:
-    raise UsageError(f'--config.eval_k={config.eval_k} must be 0 (greedy '
-                     'only) or at least 2 samples per problem.')
 
 
 def validate(config: Any) -> None:
@@ -82,7 +43,10 @@ def validate(config: Any) -> None:
                       'micro_batch_size', 'logps_micro_batch_size',
                       'num_iterations', 'max_prompt_length', 'max_new_tokens')
   checkpoints.check_model_block(config.model)
-  check_datasets(config)
+  prompts_lib.check(config)
+  if config.eval_k < 0 or config.eval_k == 1:
+    raise UsageError(f'--config.eval_k={config.eval_k} must be 0 (greedy '
+                     'only) or at least 2 samples per problem.')
   optim.check(config.optimizer)
   setup.check_lora_block(config.lora)
   rl = config.rl
@@ -248,7 +212,8 @@ def build(config: Any, runtime: backend.Runtime,
   elif 'ref_logps' in programs.needed:
     reference = scoring.reference(config, programs.policy, meshes, runtime)
     reference_logps = programs.logps(reference.mesh)
-  data, heldout, reward_weights = prompts(config, runtime, tokenizer)
+  data, heldout, reward_weights = prompts_lib.prompts(config, runtime,
+                                                     tokenizer)
   scorers = batch_lib.Scorers(
       reward_model.scorer(config, meshes) if config.rl.reward_model
       else None,
@@ -265,31 +230,6 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
                 step)
   if config.export:
     setup.export(config, parts.plan.policy.model(state.params))
-
-
-def prompts(config: Any, runtime: backend.Runtime, tokenizer: Any):
-  """(the prompt stream, the held-out sets by name, the reward weights by
-  dataset): one dataset's pipeline, or a mixture's."""
-  rl, entries = config.rl, datasets(config)
-  streams, heldout, reward_weights = {}, {}, {}
-  for name, (block, _, rewards) in entries.items():
-    spec = pipeline.DataSpec.from_block(block)
-    sources, _ = pipeline.prepare(spec, runtime)
-    streams[name] = pipeline.Pipeline(
-        sources['train'], formats.prompt_transform(
-            spec.name, tokenizer, rl.max_prompt_length, block.chat),
-        batch_size=rl.prompts_per_step if len(entries) == 1 else 1,
-        seed=config.seed, num_epochs=None,
-        what=f'the train split of {spec.name}',
-        dropping=f'prompts longer than --config.rl.max_prompt_length='
-        f'{rl.max_prompt_length} tokens are dropped')
-    heldout[name] = setup.heldout(spec.name, sources['test'], tokenizer,
-                                  config.eval_examples, block.chat)
-    reward_weights[name] = rewards_lib.parse_weights(rewards)
-  data = streams[''] if '' in streams else mixture.Mixture(
-      streams, {n: w for n, (_, w, _) in entries.items()},
-      rl.prompts_per_step, config.seed)
-  return data, heldout, reward_weights
 
 
 def evaluate_sets(parts: Parts, heldout: dict[str, Any]) -> dict[str, float]:
