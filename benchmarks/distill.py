@@ -26,7 +26,7 @@ import os
 import tempfile
 import time
 
-from runs import logged, main_run
+from runs import demo_sft, logged, main_run
 
 
 def final_accuracy(workdir: str) -> float:
@@ -47,11 +47,7 @@ def main() -> None:
     start = time.perf_counter()
     teacher = args.teacher
     if not teacher:
-      main_run('--config=tunix_pw/configs/demo.py', "--config.stages=('sft',)",
-               f'--workdir={workdir}', '--config.sft.stop_at_accuracy=0',
-               f'--config.sft.steps={args.teacher_steps}',
-               '--config.sft.eval_every=500', f'--config.sft.seed={args.seed}')
-      teacher = os.path.join(workdir, 'sft')
+      teacher = demo_sft(workdir, args.seed, args.teacher_steps)
     common = [f'--config.data.train_examples={args.examples}',
               f'--config.steps={args.steps}', f'--config.seed={args.seed}',
               '--config.eval_every=0', '--config.checkpoint.every=0']

@@ -24,7 +24,7 @@ import os
 import tempfile
 import time
 
-from runs import logged, main_run
+from runs import demo_sft, logged, main_run
 
 
 def heldout_accuracy(workdir: str) -> float:
@@ -39,9 +39,7 @@ def main() -> None:
   args = parser.parse_args()
   with tempfile.TemporaryDirectory() as workdir:
     start = time.perf_counter()
-    main_run('--config=tunix_pw/configs/demo.py', "--config.stages=('sft',)",
-             f'--workdir={workdir}', f'--config.sft.seed={args.seed}')
-    sft = os.path.join(workdir, 'sft')
+    sft = demo_sft(workdir, args.seed)
     data = {}
     for form in ('pairs', 'unpaired'):
       data[form] = os.path.join(workdir, form)

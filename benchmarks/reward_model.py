@@ -29,7 +29,7 @@ import os
 import tempfile
 import time
 
-from runs import logged, main_run
+from runs import demo_sft, logged, main_run
 
 
 
@@ -46,22 +46,16 @@ def main() -> None:
   args = parser.parse_args()
   with tempfile.TemporaryDirectory() as workdir:
     start = time.perf_counter()
-    main_run('--config=tunix_pw/configs/demo.py', "--config.stages=('sft',)",
-             f'--workdir={workdir}', f'--config.sft.seed={args.seed}')
-    sft, pairs = os.path.join(workdir, 'sft'), os.path.join(workdir, 'pairs')
+    sft, pairs = demo_sft(workdir, args.seed), os.path.join(workdir, 'pairs')
     main_run('--config=tunix_pw/configs/pairs.py:runlocal',
              f'--config.model.checkpoint={sft}', f'--config.output_dir={pairs}',
              f'--config.seed={args.seed}',
              f'--workdir={os.path.join(workdir, "pairs_job")}')
     base = os.path.join(workdir, 'rm_base')
-    main_run('--config=tunix_pw/configs/demo.py', "--config.stages=('sft',)",
-             f'--workdir={base}', f'--config.sft.seed={args.seed}',
-             '--config.sft.stop_at_accuracy=0',
-             f'--config.sft.steps={args.rm_base_steps}',
-             '--config.sft.eval_every=500')
+    base_sft = demo_sft(base, args.seed, args.rm_base_steps)
     rm = os.path.join(workdir, 'rm')
     main_run('--config=tunix_pw/configs/reward_model.py:runlocal',
-             f'--config.model.checkpoint={os.path.join(base, "sft")}',
+             f'--config.model.checkpoint={base_sft}',
              '--config.data.name=preferences', f'--config.data.manual_dir={pairs}',
              f'--config.steps={args.steps}', f'--config.seed={args.seed}',
              '--config.eval_every=400', f'--workdir={rm}',
@@ -76,7 +70,7 @@ def main() -> None:
     accuracy = [m['eval/accuracy'] for m in logged(
         os.path.join(grpo, 'grpo'), 'eval/accuracy')]
     evals = logged(rm, 'eval/pairwise_accuracy')
-    base_accuracy = logged(os.path.join(base, 'sft'),
+    base_accuracy = logged(base_sft,
                            'eval/accuracy')[-1]['eval/accuracy']
     print(json.dumps(dict(
         benchmark='reward_model', seed=args.seed, steps=args.steps,

@@ -19,6 +19,17 @@ def main_run(*args: str) -> str:
   return result.stdout
 
 
+def demo_sft(workdir: str, seed: int, steps: int = 0) -> str:
+  """The demo's SFT stage in `workdir` (stopped at 35% held-out accuracy,
+  or, with `steps`, run that long: a strong model); returns its
+  checkpoint directory."""
+  main_run('--config=tunix_pw/configs/demo.py', "--config.stages=('sft',)",
+           f'--workdir={workdir}', f'--config.sft.seed={seed}',
+           *([f'--config.sft.steps={steps}', '--config.sft.stop_at_accuracy=0',
+              '--config.sft.eval_every=500'] if steps else []))
+  return os.path.join(workdir, 'sft')
+
+
 def logged(workdir: str, key: str) -> list[dict]:
   """The records of a job's metrics.jsonl that hold `key`, in order."""
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
