@@ -13,6 +13,7 @@ import types
 from tunix_pw.errors import UsageError
 
 _JOBS = {
+    'agentic': 'tunix_pw.jobs.agentic',
     'data': 'tunix_pw.jobs.data',
     'distill': 'tunix_pw.jobs.distill',
     'dpo': 'tunix_pw.jobs.dpo',

@@ -110,6 +110,9 @@ class Parts:
   data: Any  # the prompt pipeline, or a mixture of several
   reward_weights: dict[str, list[tuple[str, float]]]  # dataset -> weights
   scorers: batch_lib.Scorers = batch_lib.Scorers()  # reward model, judge
+  # step -> the step's scored groups, in place of single completions of
+  # `data`'s prompts (an agent's episodes, jobs/agentic.py)
+  collect: Callable[[int], phases.Rollout] | None = None
 
 
 def rollout_engine(config: Any, programs: plan_lib.Plan, tokenizer: Any,
@@ -154,9 +157,9 @@ def rollout_and_logps(parts: Parts, state: Any, index: int,
   update needs (on the actor mesh) and the mismatch metrics."""
   config, rl = parts.config, parts.config.rl
   with timer('rollout'):
-    result = phases.rollout(parts.sampler, parts.data, parts.tokenizer, rl,
-                            parts.reward_weights, config.seed, index,
-                            parts.scorers)
+    result = parts.collect(index) if parts.collect else phases.rollout(
+        parts.sampler, parts.data, parts.tokenizer, rl, parts.reward_weights,
+        config.seed, index, parts.scorers)
   preemption.check(stop)
   with timer('logps'):
     arrays = phases.training_arrays(
@@ -196,9 +199,10 @@ def step(parts: Parts, state: Any, index: int, preemption: Preemption,
                                     parts.reward_weights), result
 
 
-def build(config: Any, runtime: backend.Runtime,
-          meshes: meshes_lib.RoleMeshes) -> tuple[Parts, dict[str, Any]]:
-  """A run's parts and its held-out sets."""
+def engines(config: Any, runtime: backend.Runtime,
+            meshes: meshes_lib.RoleMeshes) -> dict[str, Any]:
+  """The Parts every RL run has, whatever it rolls out: the programs, the
+  tokenizer, the rollout engine, the reference (or teacher) scorer."""
   programs = plan_lib.plan(config, meshes, abstract=False)
   tokenizer = setup.tokenizer(config.model)
   sampler = rollout_engine(config, programs, tokenizer, meshes, runtime)
@@ -212,15 +216,23 @@ def build(config: Any, runtime: backend.Runtime,
   elif 'ref_logps' in programs.needed:
     reference = scoring.reference(config, programs.policy, meshes, runtime)
     reference_logps = programs.logps(reference.mesh)
+  return dict(config=config, runtime=runtime, plan=programs, sampler=sampler,
+              reference=reference, reference_logps=reference_logps,
+              tokenizer=tokenizer)
+
+
+def build(config: Any, runtime: backend.Runtime,
+          meshes: meshes_lib.RoleMeshes) -> tuple[Parts, dict[str, Any]]:
+  """A run's parts and its held-out sets."""
+  common = engines(config, runtime, meshes)
   data, heldout, reward_weights = prompts_lib.prompts(config, runtime,
-                                                     tokenizer)
+                                                     common['tokenizer'])
   scorers = batch_lib.Scorers(
       reward_model.scorer(config, meshes) if config.rl.reward_model
       else None,
       judge_lib.build(config, meshes, runtime) if config.rl.judge else None)
-  return Parts(config, runtime, programs, sampler, reference,
-               reference_logps, tokenizer, data, reward_weights,
-               scorers), heldout
+  return Parts(data=data, reward_weights=reward_weights, scorers=scorers,
+               **common), heldout
 
 
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
@@ -261,10 +273,11 @@ def evaluate_sets(parts: Parts, heldout: dict[str, Any]) -> dict[str, float]:
 
 def train(parts: Parts, heldout: dict[str, Any], workdir: str,
           preemption: Preemption, state: Any, step_fn: Callable,
-          name: str = 'grpo') -> Any:
+          name: str = 'grpo', evaluate_fn: Callable = evaluate_sets) -> Any:
   """The loop from `state` (whose `.params` are the policy's): resume,
-  steps (`step_fn`, as `step`: metrics, samples, evaluation, checkpoints),
-  the final evaluation; returns the final state."""
+  steps (`step_fn`, as `step`: metrics, samples, evaluation (`evaluate_fn`,
+  as `evaluate_sets`), checkpoints), the final evaluation; returns the
+  final state."""
   config, runtime, sampler = parts.config, parts.runtime, parts.sampler
   session = loop.Session(name, config, runtime, workdir, state, parts.data)
   if session.start:
@@ -279,7 +292,7 @@ def train(parts: Parts, heldout: dict[str, Any], workdir: str,
 
   @functools.cache  # the last step may be an eval_every step too
   def evaluate_now(done: int) -> dict[str, float]:
-    return writer.write(done, evaluate_sets(parts, heldout))
+    return writer.write(done, evaluate_fn(parts, heldout))
 
   if config.eval_examples and session.start == 0:
     evaluate_now(0)

@@ -86,6 +86,6 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
             f'{r["eval/accuracy"]:.1%} (95% CI {r["eval/ci_low"]:.1%}-'
             f'{r["eval/ci_high"]:.1%}, n={int(r["eval/total"])})')
     rl_stages = [n for n in config.stages
-                 if config[n].job in ('grpo', 'ppo')]
+                 if config[n].job in ('grpo', 'ppo', 'agentic')]
     if rl_stages:
       print(f'pipeline: plot {plot(workdir, rl_stages[-1])}')

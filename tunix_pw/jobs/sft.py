@@ -7,18 +7,22 @@ greedy exact-match evaluation -> checkpoint -> preemption check.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 from typing import Any
 
 import numpy as np
 
 from tunix_pw import checks, compile_only
+from tunix_pw.agents import episodes as episodes_lib
 from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
+from tunix_pw.jobs import agentic
 from tunix_pw.models import checkpoints
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.sharding import Sharder
+from tunix_pw.sampling.rollout import SamplingConfig
 from tunix_pw.sampling.sampler import make_sampler
 from tunix_pw.train import evaluate, loop, optim, program, setup
 from tunix_pw.train import step as step_lib
@@ -94,15 +98,20 @@ def batches(config: Any, source: Any, tokenizer: Any, runtime: Any,
             seed: int) -> pipeline.Pipeline:
   """The training pipeline: completion-masked sequences, packed into rows
   of max_length or padded to length buckets (max_length when several
-  processes must agree on one shape)."""
+  processes must agree on one shape). With --config.agent, each example's
+  demonstration episode (agents/episodes.py: an agent's SFT warm-up)."""
   length = config.data.max_length
   fixed = config.data.packing or runtime.process_count > 1
   pad = lambda rows: pipeline.pad_batch(
       rows, length if fixed else min(length, pipeline.bucket(
           max(len(r['tokens']) for r in rows))), tokenizer.pad_id)
+  transform = episodes_lib.sft_transform(
+      config.agent, tokenizer, length, config.data.overlong) if (
+          'agent' in config) else formats.sft_transform(
+              config.data.name, tokenizer, length, config.data.overlong,
+              config.data.chat)
   return pipeline.Pipeline(
-      source, formats.sft_transform(config.data.name, tokenizer, length,
-                                    config.data.overlong, config.data.chat),
+      source, transform,
       batch_size=config.batch_size, seed=seed, num_epochs=None,
       process_index=runtime.process_index,
       process_count=runtime.process_count, batch_fn=pad,
@@ -133,9 +142,21 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
                              config.runtime))
   session = loop.Session(name, config, runtime, workdir, policy.state, data)
 
+  if 'agent' in config:  # an agent's warm-up: evaluated on episodes
+    episodes = agentic.collector(
+        config.agent, sampler, tokenizer, mesh, rules, SamplingConfig(
+            config.eval_max_new_tokens, greedy=True),
+        config.data.max_length - config.eval_max_new_tokens,
+        config.eval_batch_size, tools := concurrent.futures.ThreadPoolExecutor(
+            config.eval_batch_size, 'tool'))
+    heldout = agentic.examples(sources['test'], config.eval_examples)
+
   @functools.cache  # the last step may be an eval_every step too
   def evaluate_now(step: int) -> dict[str, float]:
     sampler.update_weights(session.state.params)
+    if 'agent' in config:
+      return session.writer.write(step, agentic.evaluate_episodes(
+          episodes, heldout, config.seed))
     result = evaluate.exact_match(
         sampler, tokenizer, eval_prompts, eval_answers,
         config.eval_max_new_tokens, config.eval_batch_size)
@@ -160,6 +181,8 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   session.save(last)
   result = evaluate_now(last) if config.eval_examples else {}
   session.close()
+  if 'agent' in config:
+    tools.shutdown(wait=False, cancel_futures=True)
   if config.export:
     setup.export(config, policy.model(session.state.params))
   if runtime.is_coordinator and result:

@@ -126,7 +126,7 @@ class ChatTemplate:
   """A compiled chat template; `origin` names its file in errors."""
 
   def __init__(self, source: str, origin: str, special_tokens: dict[str, str]):
-    self.origin = origin
+    self.origin, self.source = origin, source
     self.special_tokens = dict(special_tokens)
     env = _Sandbox(trim_blocks=True, lstrip_blocks=True,
                    extensions=[_Generation, jinja2.ext.loopcontrols])

@@ -46,6 +46,9 @@ class Tokenizer(Protocol):
 
   def decode(self, ids: Sequence[int]) -> str: ...
 
+  def special_text(self, token_id: int) -> str:
+    """A special token's text as templates write it ('' for none)."""
+
   def chat(self, messages: Sequence[Message],
            add_generation_prompt: bool = True, **template_vars: Any) -> str: ...
 
@@ -97,8 +100,12 @@ def gemma_chat(messages: Sequence[Message],
   return ''.join(turns) + (GEMMA_GENERATION if add_generation_prompt else '')
 
 
+_CHAR_ROLES = {'assistant': 'model'}  # as its generation prompt says
+
+
 class CharTokenizer:
-  """ASCII characters as ids (4..127); 0 pad, 1 bos, 2 eos, 3 unknown."""
+  """ASCII characters as ids (4..127); 0 pad, 1 bos, 2 eos, 3 unknown.
+  Chats render one `role: content` line per message."""
 
   vocab_size = 128
   pad_id, bos_id, eos_id, unk_id = 0, 1, 2, 3
@@ -116,10 +123,14 @@ class CharTokenizer:
   def decode(self, ids: Sequence[int]) -> str:
     return ''.join(chr(i) for i in ids if i >= 4)
 
+  def special_text(self, token_id: int) -> str:
+    return ''
+
   def chat(self, messages: Sequence[Message],
            add_generation_prompt: bool = True, **template_vars: Any) -> str:
     del template_vars  # a fixed format
-    text = ''.join(f'{m["role"]}: {m["content"]}\n' for m in messages)
+    text = ''.join(f'{_CHAR_ROLES.get(m["role"], m["role"])}: '
+                   f'{m["content"]}\n' for m in messages)
     return text + ('model: ' if add_generation_prompt else '')
 
   def encode_chat(self, messages: Sequence[Message],
@@ -154,6 +165,9 @@ class SentencePieceTokenizer:
 
   def decode(self, ids: Sequence[int]) -> str:
     return self.sp.DecodeIds([int(i) for i in ids])
+
+  def special_text(self, token_id: int) -> str:
+    return self.sp.IdToPiece(token_id)
 
   def chat(self, messages: Sequence[Message],
            add_generation_prompt: bool = True, **template_vars: Any) -> str:
@@ -252,6 +266,9 @@ class HFTokenizer:
 
   def decode(self, ids: Sequence[int]) -> str:
     return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+  def special_text(self, token_id: int) -> str:
+    return self.tok.id_to_token(token_id) or ''
 
   def chat(self, messages: Sequence[Message],
            add_generation_prompt: bool = True, **template_vars: Any) -> str:

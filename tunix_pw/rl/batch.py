@@ -31,6 +31,9 @@ class Group:
   per_reward: dict[str, np.ndarray]  # name -> [G]
   logprobs: list[list[float]]  # G: the rollout engine's, per token
   dataset: str = ''  # a mixture's dataset name ('' without a mixture)
+  # Per completion token, 1 where the loss applies; None: all of them (an
+  # agent's episode trains on its model turns, not on the tool results).
+  masks: list[list[int]] | None = None
 
   @property
   def informative(self) -> bool:
@@ -46,10 +49,11 @@ def to_arrays(groups: Sequence[Group], weights: Sequence[float],
   G)."""
   rows, row_weights = [], []
   for group, weight in zip(groups, weights):
-    for completion in group.completions:
+    for i, completion in enumerate(group.completions):
       rows.append(dict(tokens=group.prompt + completion,
-                       loss_mask=[0] * len(group.prompt) +
-                       [1] * len(completion)))
+                       loss_mask=[0] * len(group.prompt) + (
+                           group.masks[i] if group.masks
+                           else [1] * len(completion))))
       row_weights.append(weight)
   out = dict(pipeline.pad_batch(rows, length, pad_id),
              weights=np.asarray(row_weights, np.float32))

@@ -1,0 +1,172 @@
+"""Episodes as exact training sequences: hand-built episodes in each call
+format and chat template style, token by token."""
+
+import asyncio
+import concurrent.futures
+
+import ml_collections
+import numpy as np
+import pytest
+
+from tests.models import tiny_tokenizers as tiny
+from tunix_pw.agents import calls, envs, episodes
+from tunix_pw.configs import agentic
+from tunix_pw.models import tokenizers
+from tunix_pw.rl import batch
+
+CALL = calls.Call('calculator', {'expression': '12+30'})
+EXAMPLE = dict(question='12+30=', answer='42')
+
+# style -> call format, the stop token the model samples, and the text the
+# template adds after it for the calculator's result and the next turn.
+HF_STYLES = {
+    'llama3': ('llama', '<|eot_id|>',
+               '<|start_header_id|>ipython<|end_header_id|>\n\n42<|eot_id|>'
+               '<|start_header_id|>assistant<|end_header_id|>\n\n'),
+    'qwen3': ('qwen', '<|im_end|>',
+              '\n<|im_start|>user\n<tool_response>\n42\n</tool_response>'
+              '<|im_end|>\n<|im_start|>assistant\n'),
+    'gemma': ('gemma', '<end_of_turn>',
+              '\n<start_of_turn>user\n```tool_output\n42\n```<end_of_turn>\n'
+              '<start_of_turn>model\n'),
+}
+# The character tokenizer: each format's result role, in its `role: ` lines.
+CHAR_STYLES = {
+    'qwen': '\ntool: 42\nmodel: ',
+    'llama': '\nipython: 42\nmodel: ',
+    'gemma': '\nuser: ```tool_output\n42\n```\nmodel: ',
+}
+
+
+@pytest.fixture(scope='module')
+def pool():
+  with concurrent.futures.ThreadPoolExecutor(2) as executor:
+    yield executor
+
+
+def agent(fmt: str) -> ml_collections.ConfigDict:
+  return agentic.agent_block(fmt)
+
+
+def collector_for(tok, fmt, pool, max_context=10_000):
+  return episodes.Collector(None, envs.task(agent(fmt), tok, pool), tok,
+                            agent(fmt), max_context)
+
+
+def play(collector, turns):
+  """An episode of EXAMPLE whose model turns are `turns` (ids, logps)."""
+  episode = collector.new(EXAMPLE)
+  for ids, logps in turns:
+    asyncio.run(collector._advance(episode, ids, logps))  # pylint: disable=protected-access
+  return episode
+
+
+def check_episode(tok, fmt, stop, observation_text, pool):
+  collector = collector_for(tok, fmt, pool)
+  call = tok.encode(calls.render(fmt, CALL)) + [stop]
+  answer = tok.encode('42') + [stop]
+  call_logps = [-0.01 * (i + 1) for i in range(len(call))]
+  answer_logps = [-0.5 - 0.01 * i for i in range(len(answer))]
+  episode = play(collector, [(call, call_logps), (answer, answer_logps)])
+
+  observation = tok.encode(observation_text)
+  t = episode.transcript
+  assert t.tokens == call + observation + answer
+  assert t.mask == [1] * len(call) + [0] * len(observation) + [1] * len(
+      answer)
+  assert t.logps == call_logps + [0.0] * len(observation) + answer_logps
+  assert 'calculator' in tok.decode(t.prompt)  # the tools, through the chat
+  assert (episode.rewards, episode.solved, episode.done) == ([0.0, 1.0], 1.0,
+                                                             True)
+  assert episode.info == {'tool_calls': 1, 'answers': 1}
+  return episode
+
+
+@pytest.mark.parametrize('style', sorted(HF_STYLES))
+def test_hf_template_episodes_are_exact(style, tmp_path, pool):
+  tok = tokenizers.load(tiny.make(style, str(tmp_path)))
+  fmt, stop_text, observation_text = HF_STYLES[style]
+  stop = tok.tok.token_to_id(stop_text)
+  assert stop in tok.stop_ids
+  episode = check_episode(tok, fmt, stop, observation_text, pool)
+  # These templates read `tools`: the schema is in the prompt.
+  assert '"expression"' in tok.chat(episode.transcript.messages[:1],
+                                    **episode.transcript.vars)
+
+
+@pytest.mark.parametrize('fmt', sorted(CHAR_STYLES))
+def test_character_tokenizer_episodes_are_exact(fmt, pool):
+  tok = tokenizers.CharTokenizer()
+  episode = check_episode(tok, fmt, tok.eos_id, CHAR_STYLES[fmt], pool)
+  assert tok.decode(episode.transcript.prompt).startswith(
+      'system: calculator(expression: string): ')
+
+
+def test_sampled_ids_are_kept_where_re_encoding_differs(tmp_path, pool):
+  tok = tokenizers.load(tiny.make('llama3', str(tmp_path)))
+  text = 'The answer is 42.'
+  # The model spelled it character by character; the tokenizer merges.
+  sampled = [i for c in text for i in tok.encode(c)]
+  assert tok.decode(sampled) == text and tok.encode(text) != sampled
+  stop = tok.tok.token_to_id('<|eot_id|>')
+  episode = play(collector_for(tok, 'llama', pool),
+                 [(sampled + [stop], [-1.0] * (len(sampled) + 1))])
+  assert episode.transcript.tokens == sampled + [stop]
+  assert episode.solved == 1.0
+
+
+def test_episodes_become_groups_with_their_masks(pool):
+  tok = tokenizers.CharTokenizer()
+  collector = collector_for(tok, 'gemma', pool)
+  right = play(collector, [
+      (tok.encode(calls.render('gemma', CALL)) + [2], [-0.25] * 37),
+      (tok.encode('42') + [2], [-0.5] * 3)])
+  wrong = play(collector, [(tok.encode('41') + [2], [-1.0] * 3)])
+  [group] = episodes.to_groups([right, wrong], 2)
+  assert group.rewards.tolist() == [1.0, 0.0]
+  arrays = batch.to_arrays([group], [1.0], 400, tok.pad_id, None)
+  prompt = len(right.transcript.prompt)
+  for row, episode in enumerate((right, wrong)):
+    n = len(episode.transcript.tokens)
+    np.testing.assert_array_equal(
+        arrays['tokens'][row, :prompt + n], episode.transcript.context)
+    np.testing.assert_array_equal(arrays['loss_mask'][row],
+                                  [0] * prompt + episode.transcript.mask +
+                                  [0] * (400 - prompt - n))
+  # The sampler's log-probabilities sit where the trainer's do: the token
+  # at position p is predicted at p - 1.
+  logps = batch.rollout_logps([group], 400)
+  np.testing.assert_array_equal(logps[0, prompt - 1:prompt - 1 + 37], -0.25)
+  assert logps[0, prompt - 1 + 37] == 0.0  # the tool's result
+  np.testing.assert_array_equal(logps[1, prompt - 1:prompt + 2], -1.0)
+
+
+def test_demonstrations_run_the_tools(pool):
+  tok = tokenizers.CharTokenizer()
+  collector = collector_for(tok, 'gemma', pool)
+  transcript = episodes.demonstrate(collector, dict(question='48213+91725=',
+                                                    answer='139938'))
+  text = tok.decode(transcript.tokens)
+  assert "calculator(expression='48213+91725')" in text
+  assert '```tool_output\n139938\n```' in text
+  with pytest.raises(ValueError, match='does not solve it'):
+    episodes.demonstrate(collector, dict(question='1+1=', answer='3'))
+
+
+def test_templates_that_rewrite_history_are_refused(pool):
+  tok = tokenizers.CharTokenizer()
+  collector = collector_for(tok, 'qwen', pool)
+  episode = collector.new(EXAMPLE)
+  episode.transcript.tokenizer = RewritingChat()
+  with pytest.raises(Exception, match='only appends'):
+    asyncio.run(collector._advance(  # pylint: disable=protected-access
+        episode, tok.encode(calls.render('qwen', CALL)) + [2], [0.0] * 80))
+
+
+class RewritingChat(tokenizers.CharTokenizer):
+  """A template that drops earlier model turns once a tool answers."""
+
+  def chat(self, messages, add_generation_prompt=True, **template_vars):
+    if messages[-1]['role'] == 'tool':
+      messages = [m for m in messages if m['role'] != 'assistant']
+    return super().chat(messages, add_generation_prompt)

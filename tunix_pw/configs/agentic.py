@@ -1,0 +1,89 @@
+"""Agentic RL: multi-turn episodes with tools (jobs/agentic.py).
+
+  python -m tunix_pw.main --config=tunix_pw/configs/agentic.py:runlocal \
+      --workdir=/tmp/agentic
+  python -m tunix_pw.main --config=tunix_pw/configs/agentic.py:qwen3-1.7b,qwen \
+      --config.model.checkpoint=/ckpt/Qwen3-1.7B --workdir=/gcs/bucket/agent
+
+arg: `<model preset or runlocal>[,<call format>]`, the format one of qwen,
+llama, gemma (default gemma locally, else the preset's family).
+
+`:runlocal` is a CPU demo: 5-digit additions, too long for the tiny
+character-level model to add reliably in its head, with a `calculator`
+tool called in Gemma's ```tool_code``` format. An SFT warm-up on
+demonstration episodes (the tools really run) teaches the format until a
+third or so of the held-out episodes are right; agentic GRPO then plays 8
+episodes per problem. A preset runs the agentic job
+alone, from its checkpoint.
+"""
+
+import ml_collections
+
+from tunix_pw.configs import common, grpo, sft
+
+ACTOR = ('fsdp=4', '0:4')
+ROLLOUT = ('fsdp=1,tp=4', '4:8')
+
+
+def agent_block(call_format: str) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dict(
+      env='calculator',  # a registered environment (agents/envs.py)
+      tools='calculator',  # comma-separated registered tools
+      call_format=call_format,  # qwen | llama | gemma (agents/calls.py)
+      max_turns=4,  # model turns per episode
+      max_concurrent=64,  # episodes in flight
+      tool_timeout=5.0,  # seconds per tool call
+      episode_timeout=120.0,  # seconds per episode
+      failure_reward=0.0,  # out of time, turns or context; unfinished turn
+      lockstep=False,  # every turn waits for all tools (a baseline)
+  ))
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  preset, _, call_format = (arg or 'runlocal').partition(',')
+  local = preset == 'runlocal'
+  family = preset.split('-')[0]
+  call_format = call_format or ('gemma' if local or family == 'gemma' else
+                                'llama' if family == 'llama3' else 'qwen')
+  agentic = grpo.get_config(preset)
+  agentic.job = 'agentic'
+  agentic.agent = agent_block(call_format)
+  agentic.data = common.data('arithmetic', digits=5)
+  agentic.rl.update(rewards='exact_answer:1.0', max_prompt_length=256 if local
+                    else 4096, max_new_tokens=64 if local else 512)
+  if not local:
+    return agentic
+
+  agentic.steps = 60
+  agentic.rl.update(prompts_per_step=16, mini_batch_size=128,
+                    micro_batch_size=32, logps_micro_batch_size=64,
+                    kl_beta=0.0)
+  agentic.optimizer.learning_rate = 1e-4
+  agentic.eval_every = 20
+  agentic.checkpoint.every = 0
+
+  warmup = sft.get_config('runlocal')
+  warmup.agent = agentic.agent
+  warmup.data = common.data('arithmetic', digits=5)
+  warmup.data.train_examples = 1000  # demonstration episodes
+  warmup.data.max_length = 320
+  warmup.batch_size = 32
+  # Stop at the first evaluation (200 greedy episodes, every 20 steps) at
+  # or above 30%, so that RL starts from a model right a third of the time
+  # or so (where it takes off moves with the machine's float rounding).
+  warmup.steps = 600
+  warmup.stop_at_accuracy = 0.3
+  warmup.eval_every = 20
+  warmup.eval_examples = 200
+  warmup.eval_max_new_tokens = agentic.rl.max_new_tokens
+  warmup.checkpoint.every = 0
+  warmup.meshes = common.meshes('disaggregated', actor=('data=4', '0:4'))
+
+  c = ml_collections.ConfigDict()
+  c.job = 'pipeline'
+  c.stages = ('sft', 'agentic')
+  c.sft, c.agentic = warmup, agentic
+  c.runtime = common.runtime(host_device_count=8)
+  c.meshes = common.meshes('disaggregated', actor=ACTOR, rollout=ROLLOUT)
+  c.sharding = common.sharding()
+  return c

@@ -1,0 +1,159 @@
+"""Agentic RL: multi-turn episodes with tools, trained as GRPO groups.
+
+Each step draws `rl.prompts_per_step` examples and plays
+`rl.num_generations` episodes of each (`agents/episodes.py`: concurrent,
+each model turn sampled by the rollout engine, each tool call run under
+its time limit); an episode is one training sequence whose loss covers the
+model's own tokens, and its reward (the sum of its turns') is compared
+within its group. The update, the reference, the weight sync, checkpoints
+and preemption are GRPO's (`jobs/grpo.py`). Held-out evaluation plays one
+greedy episode per problem.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+import concurrent.futures
+import dataclasses
+import math
+from typing import Any
+
+from tunix_pw.agents import envs as envs_lib, episodes as episodes_lib
+from tunix_pw.data import builders, pipeline
+from tunix_pw.errors import UsageError
+from tunix_pw.jobs import grpo
+from tunix_pw.rl import phases
+from tunix_pw.runtime import backend, meshes as meshes_lib
+from tunix_pw.runtime.preemption import Preemption
+from tunix_pw.train import evaluate, setup
+
+REWARDS = {'': [('exact_answer', 1.0)]}  # the environment's, per episode
+
+
+def validate(config: Any) -> None:
+  grpo.validate(config)
+  envs_lib.check(config.agent)
+  agent, rl = config.agent, config.rl
+  for field in ('max_turns', 'max_concurrent', 'tool_timeout',
+                'episode_timeout'):
+    if agent[field] <= 0:
+      raise UsageError(f'--config.agent.{field}={agent[field]} must be '
+                       'positive.')
+  if rl.dynamic_sampling or rl.advantage in phases.PER_TOKEN or (
+      config.mixture):
+    raise UsageError('agentic RL compares the episodes of a group by their '
+                     'rewards: it takes no --config.rl.dynamic_sampling, '
+                     'per-token advantage or --config.mixture.')
+
+
+def examples(source: Any, count: int) -> list[dict[str, Any]]:
+  """The first `count` examples of a split, as they are."""
+  return [dict(builders.decode(source[i]), index=i)
+          for i in range(min(count, len(source)))]
+
+
+def _keep(example: dict[str, Any], counters: pipeline.Counters):
+  counters.examples += 1
+  return example
+
+
+def collector(agent: Any, sampler: Any, tokenizer: Any, mesh: Any,
+              rules: Any, sampling: Any, max_context: int,
+              max_concurrent: int,
+              tools: concurrent.futures.Executor) -> episodes_lib.Collector:
+  """Episodes of --config.agent's task, each model turn sampled by
+  `sampler` (batches padded to a multiple of `mesh`'s data shards)."""
+  quantum = math.prod(mesh.shape.get(a, 1) for a in rules.batch.split(','))
+  return episodes_lib.Collector(
+      episodes_lib.sampler_generate(sampler, sampling, quantum),
+      envs_lib.task(agent, tokenizer, tools), tokenizer, agent, max_context,
+      max_concurrent)
+
+
+def evaluate_episodes(collector: episodes_lib.Collector,
+                      examples: list[dict[str, Any]],
+                      seed: int) -> dict[str, float]:
+  """One episode per held-out problem: accuracy (with its 95% interval)
+  and the episodes' metrics, as eval/ scalars."""
+  found, counts = collector.collect(examples, seed)
+  correct = int(sum(e.solved for e in found))
+  low, high = evaluate.wilson_interval(correct, len(found))
+  return dict({f'eval/{k}': v for k, v in metrics(found, counts).items()},
+              **{'eval/accuracy': correct / max(len(found), 1),
+                 'eval/correct': correct, 'eval/total': len(found),
+                 'eval/ci_low': low, 'eval/ci_high': high})
+
+
+class Agent:
+  """The episodes of a run: collectors for training (sampled) and
+  held-out evaluation (greedy), and their tools' threads."""
+
+  def __init__(self, config: Any, sampler: Any, tokenizer: Any, mesh: Any):
+    agent, rl = config.agent, config.rl
+    self.config, self.tools = config, concurrent.futures.ThreadPoolExecutor(
+        max(agent.max_concurrent, config.eval_batch_size), 'tool')
+    sampling = phases.sampling(rl)
+    make = lambda sampling, concurrent: collector(
+        agent, sampler, tokenizer, mesh, config.sharding, sampling,
+        rl.max_prompt_length, concurrent, self.tools)
+    self.train = make(sampling, agent.max_concurrent)
+    self.eval = make(dataclasses.replace(sampling, greedy=True),
+                     config.eval_batch_size)
+
+  def rollout(self, data: Any, index: int) -> phases.Rollout:
+    """One step's groups: G episodes of each of the step's examples."""
+    g = self.config.rl.num_generations
+    examples = [e for e in next(data) for _ in range(g)]
+    found, counts = self.train.collect(
+        examples, self.config.seed * 1_000_003 + index,
+        self.config.agent.lockstep)
+    groups = episodes_lib.to_groups(found, g)
+    return phases.Rollout(groups, [1.0] * len(groups), dict(
+        metrics(found, counts), dropped=0, padded=0, rounds=0,
+        reward_errors=0, generated=sum(sum(e.transcript.mask)
+                                       for e in found)))
+
+  def evaluate(self, parts: grpo.Parts,
+               heldout: list[dict[str, Any]]) -> dict[str, float]:
+    del parts
+    return evaluate_episodes(self.eval, heldout, self.config.seed)
+
+
+def metrics(episodes: list[episodes_lib.Episode],
+            counts: Counter) -> dict[str, float]:
+  """The counts, with the fraction of calls that parsed, turns per episode
+  and the fraction of episodes that called a tool."""
+  calls = counts['tool_calls'] + counts['malformed_calls']
+  return dict(counts, well_formed_calls=counts['tool_calls'] / max(calls, 1),
+              turns_per_episode=counts['model_turns'] / max(len(episodes), 1),
+              tool_use=sum(e.info['tool_calls'] > 0 for e in episodes)
+              / max(len(episodes), 1))
+
+
+def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
+        workdir: str, preemption: Preemption) -> None:
+  common = grpo.engines(config, runtime, meshes)
+  spec = pipeline.DataSpec.from_block(config.data)
+  sources, _ = pipeline.prepare(spec, runtime)
+  data = pipeline.Pipeline(
+      sources['train'], _keep, batch_size=config.rl.prompts_per_step,
+      seed=config.seed, num_epochs=None,
+      what=f'the train split of {spec.name}')
+  agent = Agent(config, common['sampler'], common['tokenizer'],
+                meshes['rollout'])
+  parts = grpo.Parts(data=data, reward_weights=REWARDS,
+                     collect=lambda index: agent.rollout(data, index),
+                     **common)
+  try:
+    state = grpo.train(parts, examples(sources['test'],
+                                        config.eval_examples),
+                       workdir, preemption, parts.plan.policy.state,
+                       grpo.step, name='agentic',
+                       evaluate_fn=agent.evaluate)
+  finally:
+    agent.tools.shutdown(wait=False, cancel_futures=True)
+  if config.export:
+    setup.export(config, parts.plan.policy.model(state.params))
+
+
+compile_plan = grpo.compile_plan
