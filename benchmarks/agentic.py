@@ -3,6 +3,7 @@ learning with a calculator tool.
 
   python benchmarks/agentic.py --part=concurrency   # about 3 minutes
   python benchmarks/agentic.py --part=learning      # about 25 minutes
+  python benchmarks/agentic.py --part=retry         # about 10 minutes
 
 concurrency: the same 64 episodes of 4 tool calls each, played by the
 tiny model through the sampler (8 sampled tokens a turn), with tool
@@ -18,6 +19,11 @@ demonstration episodes, then agentic GRPO), evaluated greedily on the same
 held-out problems before and after; prints the start and end accuracy and
 fraction of well-formed calls, and writes the run's progress.png.
 Target: at least +10 points from a start at or below 50%.
+
+retry: `agentic.py:runlocal,retry` (self-correction on the demo's task:
+after a wrong answer the model reads 'Wrong. Try again.' and answers once
+more); prints the fraction of wrong first answers that the second attempt
+fixes, on the same held-out problems before and after RL (issue 18).
 """
 
 import argparse
@@ -111,35 +117,43 @@ def concurrency() -> dict:
               turns=TURNS, **out)
 
 
-def learning(keep: str) -> dict:
+def learning(keep: str, retry: bool) -> dict:
+  """The calculator demo (or, with `retry`, self-correction): held-out
+  figures per evaluation of the agentic stage, and the rollouts' fraction
+  of well-formed calls per step."""
   workdir = keep or tempfile.mkdtemp(prefix='agentic_')
   start = time.perf_counter()
-  main_run('--config=tunix_pw/configs/agentic.py:runlocal',
-           f'--workdir={workdir}')
-  evals = logged(os.path.join(workdir, 'agentic'), 'eval/accuracy')
-  first, last = evals[0], evals[-1]
-  return dict(
-      benchmark='agentic_learning', heldout=int(first['eval/total']),
-      accuracy=[round(m['eval/accuracy'], 4) for m in evals],
-      well_formed_calls=[round(m['eval/well_formed_calls'], 4)
-                         for m in evals],
-      tool_use=[round(m['eval/tool_use'], 4) for m in evals],
-      eval_steps=[m['step'] for m in evals],
-      gain_points=round(100 * (last['eval/accuracy'] -
-                               first['eval/accuracy']), 1),
-      progress_png=os.path.join(workdir, 'progress.png'),
-      seconds=round(time.perf_counter() - start))
+  main_run(f'--config=tunix_pw/configs/agentic.py:runlocal'
+           f'{",retry" if retry else ""}', f'--workdir={workdir}')
+  stage = os.path.join(workdir, 'agentic')
+  evals = logged(stage, 'eval/accuracy')
+  keys = ('accuracy', 'first_right_fraction', 'fix_rate') if retry else (
+      'accuracy', 'well_formed_calls', 'tool_use')
+  out = dict(benchmark='agentic_retry' if retry else 'agentic_learning',
+             heldout=int(evals[0]['eval/total']),
+             eval_steps=[m['step'] for m in evals],
+             **{k: [round(m[f'eval/{k}'], 4) for m in evals] for k in keys})
+  out['gain_points'] = round(100 * (out[keys[-1] if retry else 'accuracy'][-1]
+                                    - out[keys[-1] if retry else 'accuracy'][0]),
+                             1)
+  if not retry:  # sampled at temperature 1, per step
+    steps = logged(stage, 'well_formed_calls')
+    out['rollout_well_formed_calls'] = [round(m['well_formed_calls'], 4)
+                                        for m in steps[::10]]
+  out.update(progress_png=os.path.join(workdir, 'progress.png'),
+             seconds=round(time.perf_counter() - start))
+  return out
 
 
 def main():
   parser = argparse.ArgumentParser()
-  parser.add_argument('--part', choices=('concurrency', 'learning'),
+  parser.add_argument('--part', choices=('concurrency', 'learning', 'retry'),
                       required=True)
   parser.add_argument('--workdir', default='',
                       help='learning: keep the run here')
   args = parser.parse_args()
   result = (concurrency() if args.part == 'concurrency'
-            else learning(args.workdir))
+            else learning(args.workdir, args.part == 'retry'))
   print(json.dumps(result))
 
 

@@ -54,6 +54,12 @@ class Result:
   def ok(self) -> bool:
     return self.returncode == 0 and not self.timed_out
 
+  @property
+  def killed(self) -> bool:
+    """Stopped at a limit: the wall clock, or a signal such as CPU
+    time's or memory's (bwrap exits with 128 + its child's signal)."""
+    return self.timed_out or not 0 <= self.returncode <= 128
+
 
 def check_available() -> None:
   """A config error (one sentence) when the sandbox cannot start here."""

@@ -57,7 +57,7 @@ def play(collector, turns):
   """An episode of EXAMPLE whose model turns are `turns` (ids, logps)."""
   episode = collector.new(EXAMPLE)
   for ids, logps in turns:
-    asyncio.run(collector._advance(episode, ids, logps))  # pylint: disable=protected-access
+    asyncio.run(collector.advance(episode, ids, logps))
   return episode
 
 
@@ -159,7 +159,7 @@ def test_templates_that_rewrite_history_are_refused(pool):
   episode = collector.new(EXAMPLE)
   episode.transcript.tokenizer = RewritingChat()
   with pytest.raises(Exception, match='only appends'):
-    asyncio.run(collector._advance(  # pylint: disable=protected-access
+    asyncio.run(collector.advance(
         episode, tok.encode(calls.render('qwen', CALL)) + [2], [0.0] * 80))
 
 
@@ -170,3 +170,25 @@ class RewritingChat(tokenizers.CharTokenizer):
     if messages[-1]['role'] == 'tool':
       messages = [m for m in messages if m['role'] != 'assistant']
     return super().chat(messages, add_generation_prompt)
+
+
+@pytest.mark.parametrize('turns,reward,info', [
+    (['42'], 1.0, {'answers': 1, 'first_right': 1}),
+    (['41', '42'], 0.5, {'answers': 2, 'wrong_answers': 1, 'corrected': 1}),
+    (['41', '40'], 0.0, {'answers': 2, 'wrong_answers': 1}),
+])
+def test_self_correction_shows_feedback_and_values_the_fix(
+    turns, reward, info, pool):
+  tok = tokenizers.CharTokenizer()
+  config = agent('gemma')
+  config.update(env='answer', tools='', attempts=2)
+  collector = episodes.Collector(None, envs.task(config, tok, pool), tok,
+                                 config, 10_000)
+  episode = play(collector, [(tok.encode(t) + [2], [0.0] * (len(t) + 1))
+                             for t in turns])
+  assert episode.done and episode.reward == reward
+  assert episode.info == info
+  text = tok.decode(episode.transcript.context)
+  assert text.startswith('user: 12+30=\nmodel: ' + turns[0])
+  if len(turns) > 1:
+    assert f'{turns[0]}\nuser: Wrong. Try again.\nmodel: {turns[1]}' in text

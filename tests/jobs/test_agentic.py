@@ -11,6 +11,7 @@ from tunix_pw.train import metrics
 
 PULSE = ['--config=tunix_pw/configs/agentic.py:runlocal',
          '--config.sft.steps=6', '--config.sft.batch_size=8',
+         '--config.sft.eval_examples=8', '--config.sft.eval_batch_size=8',
          '--config.agentic.steps=2', '--config.agentic.eval_examples=8',
          '--config.agentic.eval_batch_size=8',
          '--config.agentic.rl.prompts_per_step=2',
@@ -39,6 +40,7 @@ def test_warm_up_then_agentic_steps(tmp_path):
   with open(tmp_path / 'agentic' / 'samples.jsonl') as f:
     sample = json.loads(f.readline())
   assert "calculator(expression='" in sample['completions'][0]
+  assert 'after sft: held-out accuracy' in result.stdout  # on episodes
   assert 'after agentic: held-out accuracy' in result.stdout
 
 

@@ -18,8 +18,12 @@ import asyncio
 from collections.abc import Callable
 import concurrent.futures
 import dataclasses
+import json
+import re
+import secrets
 from typing import Any, Protocol
 
+from tunix_pw import sandbox
 from tunix_pw.agents import calls as calls_lib, tools as tools_lib
 from tunix_pw.errors import UsageError
 from tunix_pw.rl import rewards
@@ -33,6 +37,7 @@ class Step:
   reward: float
   done: bool
   info: dict[str, int]  # counts: tool_calls, malformed_calls, tool_errors...
+  feedback: str = ''  # the verifier's word on a wrong answer
 
 
 class Env(Protocol):
@@ -40,6 +45,13 @@ class Env(Protocol):
   def reset(self, example: dict[str, Any]) -> list[Message]: ...
 
   async def step(self, model_turn: str) -> Step: ...
+
+
+def right(text: str, answer: str) -> float:
+  """1.0 when the last number of `text` is `answer`'s."""
+  return rewards.exact_answer(rewards.Sample(
+      prompt='', completion=text, answer=answer, length=0, budget=0,
+      truncated=False))
 
 
 @dataclasses.dataclass
@@ -68,10 +80,8 @@ class ToolEnv:
       observation = [calls_lib.result_message(self.fmt, f'error: {e}')]
     else:
       if not calls:
-        right = rewards.exact_answer(rewards.Sample(
-            prompt='', completion=model_turn, answer=self.answer,
-            length=0, budget=0, truncated=False))
-        return Step(None, right, True, {'answers': 1})
+        return Step(None, right(model_turn, self.answer), True,
+                    {'answers': 1})
       by_name = {t.name: t for t in self.tools}
       results = await asyncio.gather(*(
           tools_lib.run(by_name, c.name, c.arguments, self.tool_timeout,
@@ -87,6 +97,39 @@ class ToolEnv:
     if self.turns >= self.max_turns:
       return Step(None, 0.0, True, dict(info, out_of_turns=1))
     return Step(observation, 0.0, False, info)
+
+
+@dataclasses.dataclass
+class Retry:
+  """Self-correction: after an answer short of reward 1, `feedback` (its
+  `{feedback}`: the verifier's word) and another attempt, up to
+  `attempts` answers. A first answer earns its reward, a later one
+  `corrected` times it; right ones are counted as `first_right` and
+  `corrected`."""
+
+  inner: Env
+  attempts: int
+  corrected: float
+  feedback: str
+
+  def reset(self, example: dict[str, Any]) -> list[Message]:
+    self.attempt = 1
+    return self.inner.reset(example)
+
+  async def step(self, model_turn: str) -> Step:
+    step = await self.inner.step(model_turn)
+    if not step.done or 'answers' not in step.info:
+      return step  # a tool turn, or out of turns
+    if step.reward < 1 and self.attempt < self.attempts:
+      self.attempt += 1
+      return Step([dict(role='user', content=self.feedback.format(
+          feedback=step.feedback))], 0.0, False,
+                  dict(step.info, wrong_answers=1))
+    first = self.attempt == 1
+    info = dict(step.info, **({('first_right' if first else 'corrected'): 1}
+                              if step.reward >= 1 else {}))
+    return Step(None, step.reward * (1.0 if first else self.corrected),
+                True, info)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +159,71 @@ def calculator(agent: Any, tokenizer: Any,
               template_vars, demonstration)
 
 
-ENVS: dict[str, Callable[..., Task]] = {'calculator': calculator}
+def answer(agent: Any, tokenizer: Any,
+           executor: concurrent.futures.Executor) -> Task:
+  """Questions answered at once, no tools (self-correction's base)."""
+  del tokenizer
+  return Task(lambda: ToolEnv([], agent.call_format, agent.max_turns,
+                              agent.tool_timeout, executor), {},
+              lambda example: [example['answer']])
+
+
+_FENCE = re.compile(r'```(?:python)?\n(.*?)```', re.DOTALL)
+
+
+@dataclasses.dataclass
+class CodeEnv:
+  """Python code checked by the example's tests, each in a sandbox run of
+  its own: the code, then the call's repr printed after a random marker
+  the code never sees; a test passes when the marked line is the expected
+  text (compared here, outside: code that exits early or prints a verdict
+  passes nothing). Reward: the fraction passed."""
+
+  executor: concurrent.futures.Executor
+  limits: sandbox.Limits
+
+  def reset(self, example: dict[str, Any]) -> list[Message]:
+    self.tests = json.loads(example['tests'])
+    return [dict(role='user', content=example['question'])]
+
+  async def step(self, model_turn: str) -> Step:
+    fenced = _FENCE.findall(model_turn)
+    code = fenced[-1] if fenced else model_turn
+    marker = secrets.token_hex(8)
+    loop = asyncio.get_running_loop()
+    runs = await asyncio.gather(*(loop.run_in_executor(
+        self.executor, sandbox.run_python,
+        f'{code}\nprint({marker!r} + repr({t["call"]}))', '', self.limits)
+                                  for t in self.tests))
+    got = [next((line[len(marker):] for line in r.stdout.splitlines()
+                 if line.startswith(marker)), None) for r in runs]
+    passed = [g == t['expected'] for g, t in zip(got, self.tests)]
+    feedback = ''
+    for t, r, g, p in zip(self.tests, runs, got, passed):
+      if not p:  # the first failure, in words
+        errors = r.stderr.strip().splitlines() or ['no output']
+        why = g if g is not None else (
+            'killed at a limit' if r.killed else errors[-1])
+        feedback = f'{t["call"]} should be {t["expected"]}, got {why[:200]}'
+        break
+    return Step(None, sum(passed) / len(passed), True, dict(
+        answers=1, tests=len(passed), tests_passed=sum(passed),
+        sandbox_limits=sum(r.killed for r in runs)), feedback)
+
+
+def code(agent: Any, tokenizer: Any,
+         executor: concurrent.futures.Executor) -> Task:
+  """Python functions checked by unit tests in the sandbox (the `code`
+  dataset); the reference solution is the demonstration."""
+  del tokenizer
+  sandbox.check_available()
+  limits = sandbox.Limits(cpu_s=2, wall_s=agent.tool_timeout)
+  return Task(lambda: CodeEnv(executor, limits), {},
+              lambda example: [f'```python\n{example["answer"]}\n```'])
+
+
+ENVS: dict[str, Callable[..., Task]] = {'calculator': calculator,
+                                        'answer': answer, 'code': code}
 
 
 def check(agent: Any) -> None:
@@ -127,10 +234,17 @@ def check(agent: Any) -> None:
     raise UsageError(f'--config.agent.call_format={agent.call_format!r} must '
                      f'be one of {", ".join(calls_lib.FORMATS)}.')
   tools_lib.get(agent.tools)
+  if agent.attempts < 1 or agent.attempts > agent.max_turns:
+    raise UsageError(f'--config.agent.attempts={agent.attempts} must be '
+                     f'from 1 to --config.agent.max_turns={agent.max_turns}.')
 
 
 def task(agent: Any, tokenizer: Any,
          executor: concurrent.futures.Executor) -> Task:
-  """--config.agent.env's task."""
+  """--config.agent.env's task (with retries: agent.attempts > 1)."""
   check(agent)
-  return ENVS[agent.env](agent, tokenizer, executor)
+  base = ENVS[agent.env](agent, tokenizer, executor)
+  if agent.attempts <= 1:
+    return base
+  return dataclasses.replace(base, new=lambda: Retry(
+      base.new(), agent.attempts, agent.corrected_reward, agent.feedback))

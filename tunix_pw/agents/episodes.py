@@ -180,7 +180,7 @@ class Collector:
     return await asyncio.get_running_loop().run_in_executor(
         self._engine, self.generate, contexts, seed)
 
-  async def _advance(self, episode: Episode, ids: list[int],
+  async def advance(self, episode: Episode, ids: list[int],
                      logps: list[float]) -> None:
     """The model's turn, then the environment's answer to it."""
     text = episode.transcript.model_turn(ids, logps)
@@ -221,7 +221,7 @@ class Collector:
       self._waiting.append((episode.transcript.context, future))
       if self._draining is None:
         self._draining = asyncio.ensure_future(self._drain())
-      await self._advance(episode, *await future)
+      await self.advance(episode, *await future)
 
   async def _drain(self) -> None:
     """Generates for every episode waiting, batch after batch."""
@@ -244,7 +244,7 @@ class Collector:
     active = episodes
     while active:
       turns = await self._run_generate([e.transcript.context for e in active])
-      await asyncio.gather(*(self._advance(e, *t)
+      await asyncio.gather(*(self.advance(e, *t)
                              for e, t in zip(active, turns)))
       active = [e for e in active if not e.done]
       if time.monotonic() > deadline:
@@ -263,10 +263,10 @@ def demonstrate(collector: Collector, example: dict[str, Any]) -> Transcript:
   async def play():
     for text in collector.task.demonstration(example):
       ids = collector.tokenizer.encode(text) + [stop]
-      await collector._advance(episode, ids, [0.0] * len(ids))  # pylint: disable=protected-access
+      await collector.advance(episode, ids, [0.0] * len(ids))
 
   asyncio.run(play())
-  if not episode.solved:
+  if episode.solved < 1:
     raise ValueError(f'the demonstration of {example} does not solve it: '
                      f'{episode.transcript.messages}')
   return episode.transcript

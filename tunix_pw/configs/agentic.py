@@ -6,7 +6,8 @@
       --config.model.checkpoint=/ckpt/Qwen3-1.7B --workdir=/gcs/bucket/agent
 
 arg: `<model preset or runlocal>[,<call format>]`, the format one of qwen,
-llama, gemma (default gemma locally, else the preset's family).
+llama, gemma (default gemma locally, else the preset's family); or
+`runlocal,retry`: self-correction on the demo's task (`self_correction`).
 
 `:runlocal` is a CPU demo: 5-digit additions, too long for the tiny
 character-level model to add reliably in its head, with a `calculator`
@@ -19,7 +20,7 @@ alone, from its checkpoint.
 
 import ml_collections
 
-from tunix_pw.configs import common, grpo, sft
+from tunix_pw.configs import common, demo, grpo, sft
 
 ACTOR = ('fsdp=4', '0:4')
 ROLLOUT = ('fsdp=1,tp=4', '4:8')
@@ -36,11 +37,17 @@ def agent_block(call_format: str) -> ml_collections.ConfigDict:
       episode_timeout=120.0,  # seconds per episode
       failure_reward=0.0,  # out of time, turns or context; unfinished turn
       lockstep=False,  # every turn waits for all tools (a baseline)
+      # Self-correction: answers per episode; after a wrong one the model
+      # reads `feedback` and tries again; a right later answer earns
+      # corrected_reward (a right first one, 1).
+      attempts=1, corrected_reward=0.5, feedback='Wrong. Try again.',
   ))
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   preset, _, call_format = (arg or 'runlocal').partition(',')
+  if preset == 'runlocal' and call_format == 'retry':
+    return self_correction()
   local = preset == 'runlocal'
   family = preset.split('-')[0]
   call_format = call_format or ('gemma' if local or family == 'gemma' else
@@ -68,12 +75,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   warmup.data.train_examples = 1000  # demonstration episodes
   warmup.data.max_length = 320
   warmup.batch_size = 32
-  # Stop at the first evaluation (200 greedy episodes, every 20 steps) at
+  # Stop at the first evaluation (200 greedy episodes, every 10 steps) at
   # or above 30%, so that RL starts from a model right a third of the time
-  # or so (where it takes off moves with the machine's float rounding).
+  # or so (where it takes off moves with the machine's float rounding). At
+  # 3e-3, accuracy went from 1.5% to 94% within 20 steps.
+  warmup.optimizer.learning_rate = 1e-3
   warmup.steps = 600
   warmup.stop_at_accuracy = 0.3
-  warmup.eval_every = 20
+  warmup.eval_every = 10
   warmup.eval_examples = 200
   warmup.eval_max_new_tokens = agentic.rl.max_new_tokens
   warmup.checkpoint.every = 0
@@ -86,4 +95,28 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.runtime = common.runtime(host_device_count=8)
   c.meshes = common.meshes('disaggregated', actor=ACTOR, rollout=ROLLOUT)
   c.sharding = common.sharding()
+  return c
+
+
+def self_correction() -> ml_collections.ConfigDict:
+  """`:runlocal,retry`: the demo's 2-digit additions as episodes of up to
+  two answers; after a wrong one the model reads 'Wrong. Try again.'. The
+  demo's SFT warm-up (prompts through the chat template here), then
+  agentic GRPO on the demo's budget."""
+  c = demo.get_config()
+  c.sft.data.chat = True
+  retry = grpo.get_config('runlocal')
+  retry.job = 'agentic'
+  retry.agent = agent_block('gemma')
+  retry.agent.update(env='answer', tools='', attempts=2, max_turns=2)
+  retry.data.chat = True
+  for field in ('steps', 'optimizer', 'eval_every', 'log_every',
+                'checkpoint', 'meshes'):
+    retry[field] = c.grpo[field]
+  retry.rl = c.grpo.rl
+  retry.rl.update(rewards='exact_answer:1.0', max_prompt_length=48,
+                  max_new_tokens=8, dynamic_sampling=False)
+  c.stages = ('sft', 'agentic')
+  c.agentic = retry
+  del c.grpo
   return c

@@ -271,8 +271,29 @@ class Chat(_JsonlBuilder):
                           for m in messages])
 
 
+class Code(_JsonlBuilder):
+  """{"question", "answer" (a reference solution), "tests": [{"call":
+  "f(2)", "expected": "7"}, ...]} per line: a test passes when the code,
+  then `print(repr(<call>))`, prints `expected` (agents/envs.py's code
+  task). The tests are kept as JSON text."""
+
+  BUILDER_CONFIGS = [JsonlConfig(name='default')]
+  FIELDS = ('question', 'answer', 'tests')
+
+  def _parse(self, record):
+    tests = record['tests']
+    if not (isinstance(tests, list) and tests and all(
+        isinstance(t, dict) and isinstance(t.get('call'), str) and
+        isinstance(t.get('expected'), str) for t in tests)):
+      raise ValueError('"tests" is not a list of {"call", "expected"} '
+                       'strings')
+    return dict(question=_text(record, 'question'),
+                answer=_text(record, 'answer'), tests=json.dumps(tests))
+
+
 BUILDERS = {'arithmetic': Arithmetic, 'gsm8k': Gsm8k,
-            'preferences': Preferences, 'unpaired': Unpaired, 'chat': Chat}
+            'preferences': Preferences, 'unpaired': Unpaired, 'chat': Chat,
+            'code': Code}
 
 
 def decode(example: dict[str, Any]) -> dict[str, Any]:

@@ -122,12 +122,18 @@ class Agent:
 def metrics(episodes: list[episodes_lib.Episode],
             counts: Counter) -> dict[str, float]:
   """The counts, with the fraction of calls that parsed, turns per episode
-  and the fraction of episodes that called a tool."""
+  and the fraction of episodes that called a tool; with retries, the
+  fraction of wrong first answers that a later attempt fixed."""
+  n = max(len(episodes), 1)
   calls = counts['tool_calls'] + counts['malformed_calls']
-  return dict(counts, well_formed_calls=counts['tool_calls'] / max(calls, 1),
-              turns_per_episode=counts['model_turns'] / max(len(episodes), 1),
-              tool_use=sum(e.info['tool_calls'] > 0 for e in episodes)
-              / max(len(episodes), 1))
+  out = dict(counts, well_formed_calls=counts['tool_calls'] / max(calls, 1),
+             turns_per_episode=counts['model_turns'] / n,
+             tool_use=sum(e.info['tool_calls'] > 0 for e in episodes) / n)
+  if {'first_right', 'corrected', 'wrong_answers'} & set(counts):
+    out.update(first_right_fraction=counts['first_right'] / n,
+               fix_rate=counts['corrected'] / max(
+                   len(episodes) - counts['first_right'], 1))
+  return out
 
 
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
