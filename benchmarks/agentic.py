@@ -104,8 +104,10 @@ def concurrency() -> dict:
   model = decoder.Decoder(presets.PRESETS['tiny-gemma'], rngs=nnx.Rngs(0))
   tok = tokenizers.CharTokenizer()
   sampler = Sampler(model, pad_id=tok.pad_id, eos_ids=tok.stop_ids)
-  for lockstep in (True, False):  # compile every batch shape first
-    collection(0.001, lockstep, sampler)
+  sampling = SamplingConfig(max_new_tokens=TOKENS, ignore_eos=True)
+  for size in (1, 2, 4, 8, 16, 32, 64):  # compile every shape first
+    for length in (16, 32, 64, 128):
+      sampler.generate([[5] * (length - 1)] * size, sampling)
   out = {}
   for mean in (0.01, 0.2, 2.0):
     lock = collection(mean, True, sampler)

@@ -74,14 +74,15 @@ class Script:
 
 
 def collector(script, *, tool_timeout=5.0, episode_timeout=30.0,
-              max_concurrent=64, max_context=10_000):
+              max_concurrent=64, max_context=10_000, malformed_reward=0.0):
   agent = agentic.agent_block('gemma')
   agent.update(tool_timeout=tool_timeout, episode_timeout=episode_timeout,
                failure_reward=-1.0, max_turns=3)
   pool = concurrent.futures.ThreadPoolExecutor(16)
   toolbox = [tools.describe(f) for f in (instant, blocked, broken, sleepy)]
   task = envs.Task(lambda: envs.ToolEnv(toolbox, 'gemma', agent.max_turns,
-                                        agent.tool_timeout, pool),
+                                        agent.tool_timeout, pool, [],
+                                        malformed_reward),
                    {}, lambda example: [])
   return episodes.Collector(script, task, TOK, agent, max_context,
                             max_concurrent)
@@ -138,11 +139,11 @@ def test_failures_are_counted_and_the_run_goes_on():
 
 
 def test_out_of_turns_and_over_budget():
-  agent_turns, counts = collector(Script()).collect(
+  agent_turns, counts = collector(Script(), malformed_reward=-0.2).collect(
       examples('stubborn'), seed=0)
   # A malformed call every turn: three turns, then out of turns.
   assert counts['malformed_calls'] == 3 and counts['out_of_turns'] == 1
-  assert agent_turns[0].rewards == [0.0, 0.0, 0.0]
+  assert agent_turns[0].rewards == [-0.2, -0.2, -0.2]
   found, counts = collector(Script(), max_context=80).collect(
       examples('call:instant:7'), seed=0)
   assert counts['over_budget'] == 1 and found[0].rewards == [0.0, -1.0]

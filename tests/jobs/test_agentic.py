@@ -3,10 +3,14 @@ demonstration episodes, then agentic GRPO with the calculator tool played
 by the tiny model through the sampler."""
 
 import json
+import shutil
 
 import pytest
 
 from tests import helpers
+from tunix_pw.configs import agentic
+from tunix_pw.errors import UsageError
+from tunix_pw.jobs import pipeline
 from tunix_pw.train import metrics
 
 PULSE = ['--config=tunix_pw/configs/agentic.py:runlocal',
@@ -44,16 +48,49 @@ def test_warm_up_then_agentic_steps(tmp_path):
   assert 'after agentic: held-out accuracy' in result.stdout
 
 
-@pytest.mark.parametrize('flag,message', [
-    ('--config.agentic.agent.env=maze', "env='maze' is not a registered"),
-    ('--config.agentic.agent.call_format=xml', 'call_format'),
-    ('--config.agentic.agent.tools=calculator,shell', "'shell', not a "),
-    ('--config.agentic.agent.tool_timeout=0', 'tool_timeout=0'),
-    ('--config.agentic.rl.dynamic_sampling=true', 'dynamic_sampling'),
+@pytest.mark.parametrize('field,value,message', [
+    ('env', 'maze', "env='maze' is not a registered"),
+    ('call_format', 'xml', 'call_format'),
+    ('tools', 'calculator,shell', "'shell', not a "),
+    ('tool_timeout', 0.0, 'tool_timeout=0'),
+    ('attempts', 9, 'attempts=9 must be from 1 to'),
 ])
-def test_bad_agent_settings_are_one_line_errors(tmp_path, flag, message):
-  result = helpers.run_main(*PULSE, flag, f'--workdir={tmp_path}')
+def test_bad_agent_settings_are_config_errors(field, value, message):
+  config = agentic.get_config('runlocal')
+  config.agentic.agent[field] = value
+  with pytest.raises(UsageError, match=message):
+    pipeline.validate(config)
+
+
+def test_a_bad_setting_stops_main_before_any_work(tmp_path):
+  result = helpers.run_main(*PULSE, '--config.agentic.rl.dynamic_sampling=true',
+                            f'--workdir={tmp_path}')
   assert result.returncode == 2, result.stderr[-2000:]
   [line] = helpers.error_lines(result.stderr)
-  assert message in line
-  assert not (tmp_path / 'agentic').exists()
+  assert 'dynamic_sampling' in line
+  assert not (tmp_path / 'sft').exists()
+
+
+@pytest.mark.skipif(shutil.which('bwrap') is None,
+                    reason='bubblewrap is not installed (.ci/run installs it)')
+def test_the_code_task_runs_tests_in_the_sandbox(tmp_path):
+  for split, count in (('train', 8), ('test', 4)):
+    with open(tmp_path / f'{split}.jsonl', 'w') as f:
+      for a in range(2, 2 + count):
+        f.write(json.dumps(dict(
+            question=f'f(x)={a}*x+1', answer=f'def f(x):\n  return {a}*x+1',
+            tests=[dict(call=f'f({x})', expected=str(a * x + 1))
+                   for x in (0, 3)])) + '\n')
+  result = helpers.run_main(
+      '--config=tunix_pw/configs/agentic.py:runlocal,code',
+      *[p for p in PULSE[1:] if 'max_turns' not in p],
+      f'--config.sft.data.manual_dir={tmp_path}',
+      f'--config.agentic.data.manual_dir={tmp_path}',
+      '--config.sft.eval_examples=4', '--config.agentic.eval_examples=4',
+      f'--workdir={tmp_path / "run"}', timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  steps = [m for m in metrics.read(str(tmp_path / 'run' / 'agentic'))
+           if 'loss' in m]
+  # Every episode's answer ran its two tests in the sandbox.
+  assert all(m.get('tests', 0) == 2 * m.get('answers', 0) > 0 for m in steps)
+  assert all(0 <= m.get('tests_passed', 0) <= m['tests'] for m in steps)

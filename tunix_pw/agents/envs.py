@@ -58,7 +58,8 @@ def right(text: str, answer: str) -> float:
 class ToolEnv:
   """Tools, called in `fmt`'s format, until the model answers or runs out
   of turns (then reward 0). Answers are right when their last number is
-  the example's answer."""
+  the example's answer; a turn whose call does not parse earns
+  `malformed_reward`."""
 
   tools: list[tools_lib.Tool]
   fmt: str
@@ -66,6 +67,7 @@ class ToolEnv:
   tool_timeout: float
   executor: concurrent.futures.Executor
   opening: list[Message] = dataclasses.field(default_factory=list)
+  malformed_reward: float = 0.0
 
   def reset(self, example: dict[str, Any]) -> list[Message]:
     self.answer, self.turns = example['answer'], 0
@@ -94,9 +96,10 @@ class ToolEnv:
           info[key] = info.get(key, 0) + 1
       observation = [calls_lib.result_message(self.fmt, r.text)
                      for r in results]
+    reward = self.malformed_reward if 'malformed_calls' in info else 0.0
     if self.turns >= self.max_turns:
-      return Step(None, 0.0, True, dict(info, out_of_turns=1))
-    return Step(observation, 0.0, False, info)
+      return Step(None, reward, True, dict(info, out_of_turns=1))
+    return Step(observation, reward, False, info)
 
 
 @dataclasses.dataclass
@@ -155,7 +158,8 @@ def calculator(agent: Any, tokenizer: Any,
             tools_lib.calculator(expression)]  # what the tool will say
 
   return Task(lambda: ToolEnv(tools, agent.call_format, agent.max_turns,
-                              agent.tool_timeout, executor, opening),
+                              agent.tool_timeout, executor, opening,
+                              agent.malformed_reward),
               template_vars, demonstration)
 
 

@@ -9,9 +9,10 @@ model's turn with, less the stop token the model sampled, then the
 observation's turns and the next generation prompt.
 
 `Collector` plays many episodes at once on an asyncio loop. Each
-`generate` call batches the episodes waiting for a model turn at that
-moment, on a thread of its own, while tools run on a pool: a slow tool
-holds up its own episode only. With `lockstep` every turn waits for all
+`generate` call batches the episodes waiting for a model turn (it goes
+once all episodes in play wait, or once its first turn has waited as long
+as the last call took), on a thread of its own, while tools run on a
+pool: a slow tool holds up its own episode only. With `lockstep` every turn waits for all
 episodes' tools first (the baseline `benchmarks/agentic.py` measures
 against). Episodes run at most `agent.max_concurrent` at a time, each
 within `agent.episode_timeout` seconds; one that runs out of time, out of
@@ -202,16 +203,22 @@ class Collector:
 
   async def _concurrent(self, episodes: list[Episode]) -> None:
     self._waiting: list[tuple[list[int], asyncio.Future]] = []
-    self._draining = None
+    self._draining, self._active = None, 0
+    self._changed = asyncio.Event()  # a turn is waiting, or an episode ended
+    self._window = 0.0  # the last generate call's seconds
     slots = asyncio.Semaphore(self.max_concurrent)
 
     async def play(episode):
       async with slots:
+        self._active += 1
         try:
           await asyncio.wait_for(self._play(episode),
                                  self.agent.episode_timeout)
         except TimeoutError:
           episode.fail('episode_timeouts', self.agent.failure_reward)
+        finally:
+          self._active -= 1
+          self._changed.set()
 
     await asyncio.gather(*(play(e) for e in episodes))
 
@@ -219,18 +226,33 @@ class Collector:
     while not episode.done:
       future = asyncio.get_running_loop().create_future()
       self._waiting.append((episode.transcript.context, future))
+      self._changed.set()
       if self._draining is None:
         self._draining = asyncio.ensure_future(self._drain())
       await self.advance(episode, *await future)
 
   async def _drain(self) -> None:
-    """Generates for every episode waiting, batch after batch."""
+    """Generates for the episodes waiting, batch after batch. A batch
+    goes once every episode in play waits, or once its first turn has
+    waited as long as the last generate call took: a tool that returns
+    soon joins it, a slow one does not hold it up."""
+    loop = asyncio.get_running_loop()
     while self._waiting:
+      deadline = loop.time() + self._window
+      while len(self._waiting) < self._active and loop.time() < deadline:
+        self._changed.clear()
+        try:
+          await asyncio.wait_for(self._changed.wait(),
+                                 deadline - loop.time())
+        except TimeoutError:
+          break
       batch, self._waiting = self._waiting, []
+      start = loop.time()
       try:
         turns = await self._run_generate([c for c, _ in batch])
       except Exception as e:  # pylint: disable=broad-except
         turns = [e] * len(batch)
+      self._window = loop.time() - start
       for (_, future), turn in zip(batch, turns):
         if not future.done():  # its episode may have timed out
           (future.set_exception if isinstance(turn, Exception)

@@ -5,8 +5,10 @@
   python -m tunix_pw.main --config=tunix_pw/configs/agentic.py:qwen3-1.7b,qwen \
       --config.model.checkpoint=/ckpt/Qwen3-1.7B --workdir=/gcs/bucket/agent
 
-arg: `<model preset or runlocal>[,<call format>]`, the format one of qwen,
-llama, gemma (default gemma locally, else the preset's family); or
+arg: `<model preset or runlocal>[,<call format>][,code]`, the format one
+of qwen, llama, gemma (default gemma locally, else the preset's family);
+`,code`: the code task (the `code` dataset: JSONL in
+--config[.agentic].data.manual_dir, tests run in the sandbox); or
 `runlocal,retry`: self-correction on the demo's task (`self_correction`).
 
 `:runlocal` is a CPU demo: 5-digit additions, too long for the tiny
@@ -20,6 +22,7 @@ alone, from its checkpoint.
 
 import ml_collections
 
+from tunix_pw.agents.calls import FORMATS
 from tunix_pw.configs import common, demo, grpo, sft
 
 ACTOR = ('fsdp=4', '0:4')
@@ -36,6 +39,7 @@ def agent_block(call_format: str) -> ml_collections.ConfigDict:
       tool_timeout=5.0,  # seconds per tool call
       episode_timeout=120.0,  # seconds per episode
       failure_reward=0.0,  # out of time, turns or context; unfinished turn
+      malformed_reward=0.0,  # a turn's reward for a call that does not parse
       lockstep=False,  # every turn waits for all tools (a baseline)
       # Self-correction: answers per episode; after a wrong one the model
       # reads `feedback` and tries again; a right later answer earns
@@ -45,23 +49,28 @@ def agent_block(call_format: str) -> ml_collections.ConfigDict:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  preset, _, call_format = (arg or 'runlocal').partition(',')
-  if preset == 'runlocal' and call_format == 'retry':
+  preset, *options = (arg or 'runlocal').split(',')
+  if preset == 'runlocal' and options == ['retry']:
     return self_correction()
   local = preset == 'runlocal'
   family = preset.split('-')[0]
-  call_format = call_format or ('gemma' if local or family == 'gemma' else
-                                'llama' if family == 'llama3' else 'qwen')
+  call_format = next((o for o in options if o in FORMATS), None) or (
+      'gemma' if local or family == 'gemma' else
+      'llama' if family == 'llama3' else 'qwen')
   agentic = grpo.get_config(preset)
   agentic.job = 'agentic'
   agentic.agent = agent_block(call_format)
   agentic.data = common.data('arithmetic', digits=5)
+  if 'code' in options:  # the code task: name its JSONL in data.manual_dir
+    agentic.agent.update(env='code', tools='', max_turns=1)
+    agentic.data = common.data('code')
   agentic.rl.update(rewards='exact_answer:1.0', max_prompt_length=256 if local
                     else 4096, max_new_tokens=64 if local else 512)
   if not local:
     return agentic
 
   agentic.steps = 60
+  agentic.agent.malformed_reward = -0.2
   agentic.rl.update(prompts_per_step=16, mini_batch_size=128,
                     micro_batch_size=32, logps_micro_batch_size=64,
                     kl_beta=0.0)
@@ -71,7 +80,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   warmup = sft.get_config('runlocal')
   warmup.agent = agentic.agent
-  warmup.data = common.data('arithmetic', digits=5)
+  warmup.data = ml_collections.ConfigDict(agentic.data.to_dict())
   warmup.data.train_examples = 1000  # demonstration episodes
   warmup.data.max_length = 320
   warmup.batch_size = 32
