@@ -36,7 +36,9 @@ import random
 import tempfile
 import time
 
-from flax import nnx
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+from flax import nnx  # pylint: disable=g-import-not-at-top
 
 from runs import logged, main_run
 from tunix_pw.agents import envs, episodes

@@ -175,7 +175,9 @@ class RewritingChat(tokenizers.CharTokenizer):
 @pytest.mark.parametrize('turns,reward,info', [
     (['42'], 1.0, {'answers': 1, 'first_right': 1}),
     (['41', '42'], 0.5, {'answers': 2, 'wrong_answers': 1, 'corrected': 1}),
-    (['41', '40'], 0.0, {'answers': 2, 'wrong_answers': 1}),
+    (['43', '40'], 0.0, {'answers': 2, 'wrong_answers': 1}),
+    (['no idea', '42'], 0.5, {'answers': 2, 'wrong_answers': 1,
+                              'corrected': 1}),
 ])
 def test_self_correction_shows_feedback_and_values_the_fix(
     turns, reward, info, pool):
@@ -190,5 +192,7 @@ def test_self_correction_shows_feedback_and_values_the_fix(
   assert episode.info == info
   text = tok.decode(episode.transcript.context)
   assert text.startswith('user: 12+30=\nmodel: ' + turns[0])
-  if len(turns) > 1:
-    assert f'{turns[0]}\nuser: Wrong. Try again.\nmodel: {turns[1]}' in text
+  if len(turns) > 1:  # the verifier's word: the answer is 42
+    word = {'41': 'too low', '43': 'too high', 'no idea': 'no number'}
+    assert (f'{turns[0]}\nuser: Wrong: {word[turns[0]]}. Try again.\n'
+            f'model: {turns[1]}') in text

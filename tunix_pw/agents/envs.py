@@ -47,11 +47,14 @@ class Env(Protocol):
   async def step(self, model_turn: str) -> Step: ...
 
 
-def right(text: str, answer: str) -> float:
-  """1.0 when the last number of `text` is `answer`'s."""
-  return rewards.exact_answer(rewards.Sample(
-      prompt='', completion=text, answer=answer, length=0, budget=0,
-      truncated=False))
+def verdict(text: str, answer: str) -> tuple[float, str]:
+  """(1.0 when the last number of `text` is `answer`'s, else 0.0; the
+  verifier's word on a wrong one: too high, too low or no number)."""
+  got, want = rewards.number(text), rewards.number(answer)
+  if got is None or want is None:
+    return 0.0, 'no number'
+  return float(got == want), ('' if got == want else
+                              'too high' if got > want else 'too low')
 
 
 @dataclasses.dataclass
@@ -82,8 +85,8 @@ class ToolEnv:
       observation = [calls_lib.result_message(self.fmt, f'error: {e}')]
     else:
       if not calls:
-        return Step(None, right(model_turn, self.answer), True,
-                    {'answers': 1})
+        score, feedback = verdict(model_turn, self.answer)
+        return Step(None, score, True, {'answers': 1}, feedback)
       by_name = {t.name: t for t in self.tools}
       results = await asyncio.gather(*(
           tools_lib.run(by_name, c.name, c.arguments, self.tool_timeout,
@@ -220,7 +223,6 @@ def code(agent: Any, tokenizer: Any,
   """Python functions checked by unit tests in the sandbox (the `code`
   dataset); the reference solution is the demonstration."""
   del tokenizer
-  sandbox.check_available()
   limits = sandbox.Limits(cpu_s=2, wall_s=agent.tool_timeout)
   return Task(lambda: CodeEnv(executor, limits), {},
               lambda example: [f'```python\n{example["answer"]}\n```'])
@@ -238,6 +240,8 @@ def check(agent: Any) -> None:
     raise UsageError(f'--config.agent.call_format={agent.call_format!r} must '
                      f'be one of {", ".join(calls_lib.FORMATS)}.')
   tools_lib.get(agent.tools)
+  if agent.env == 'code':
+    sandbox.check_available()
   if agent.attempts < 1 or agent.attempts > agent.max_turns:
     raise UsageError(f'--config.agent.attempts={agent.attempts} must be '
                      f'from 1 to --config.agent.max_turns={agent.max_turns}.')

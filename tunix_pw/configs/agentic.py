@@ -42,9 +42,11 @@ def agent_block(call_format: str) -> ml_collections.ConfigDict:
       malformed_reward=0.0,  # a turn's reward for a call that does not parse
       lockstep=False,  # every turn waits for all tools (a baseline)
       # Self-correction: answers per episode; after a wrong one the model
-      # reads `feedback` and tries again; a right later answer earns
-      # corrected_reward (a right first one, 1).
-      attempts=1, corrected_reward=0.5, feedback='Wrong. Try again.',
+      # reads `feedback` (its {feedback}: the verifier's word, e.g. 'too
+      # high') and tries again; a right later answer earns corrected_reward
+      # (a right first one, 1).
+      attempts=1, corrected_reward=0.5,
+      feedback='Wrong: {feedback}. Try again.',
   ))
 
 
@@ -109,21 +111,27 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 def self_correction() -> ml_collections.ConfigDict:
   """`:runlocal,retry`: the demo's 2-digit additions as episodes of up to
-  two answers; after a wrong one the model reads 'Wrong. Try again.'. The
+  two answers; after a wrong one the model reads 'Wrong: too high. Try
+  again.' (or too low). The
   demo's SFT warm-up (prompts through the chat template here), then
   agentic GRPO on the demo's budget."""
   c = demo.get_config()
-  c.sft.data.chat = True
+  c.sft.data.chat = True  # 'user: 12+30=\nmodel: ' and the answer
+  c.sft.data.max_length = 32
   retry = grpo.get_config('runlocal')
   retry.job = 'agentic'
   retry.agent = agent_block('gemma')
-  retry.agent.update(env='answer', tools='', attempts=2, max_turns=2)
+  # A corrected answer earns what a right first one does: at 0.5, once
+  # first answers were right 85% of the time a corrected episode scored
+  # below its group's mean, and the fix rate fell from 0.7% to 0.
+  retry.agent.update(env='answer', tools='', attempts=2, max_turns=2,
+                     corrected_reward=1.0)
   retry.data.chat = True
   for field in ('steps', 'optimizer', 'eval_every', 'log_every',
                 'checkpoint', 'meshes'):
     retry[field] = c.grpo[field]
   retry.rl = c.grpo.rl
-  retry.rl.update(rewards='exact_answer:1.0', max_prompt_length=48,
+  retry.rl.update(rewards='exact_answer:1.0', max_prompt_length=64,
                   max_new_tokens=8, dynamic_sampling=False)
   c.stages = ('sft', 'agentic')
   c.agentic = retry

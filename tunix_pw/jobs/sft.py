@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from tunix_pw import checks, compile_only
-from tunix_pw.agents import episodes as episodes_lib
+from tunix_pw.agents import envs, episodes as episodes_lib
 from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.jobs import agentic
@@ -34,6 +34,8 @@ def validate(config: Any) -> None:
                       'eval_max_new_tokens')
   checkpoints.check_model_block(config.model)
   pipeline.check_data_block(config.data)
+  if 'agent' in config:  # demonstration episodes
+    envs.check(config.agent)
   optim.check(config.optimizer)
   setup.check_lora_block(config.lora)
   if config.data.name in ('preferences', 'unpaired'):

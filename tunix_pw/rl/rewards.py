@@ -35,7 +35,8 @@ class Sample:
   judge_score: float | None = None  # the LLM judge's (rl.judge)
 
 
-def _number(text: str) -> float | None:
+def number(text: str) -> float | None:
+  """The last number of `text` (thousands separators dropped), or None."""
   match = _NUMBER.findall(text)
   if not match:
     return None
@@ -48,7 +49,7 @@ def _number(text: str) -> float | None:
 @register('reward', 'exact_answer')
 def exact_answer(sample: Sample) -> float:
   """1 when the completion's (last) number equals the reference number."""
-  got, want = _number(sample.completion), _number(sample.answer)
+  got, want = number(sample.completion), number(sample.answer)
   return float(got is not None and want is not None and got == want)
 
 
