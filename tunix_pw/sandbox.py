@@ -5,7 +5,8 @@ These machines run as root, and a root bwrap keeps its capabilities (a
 remount to read-write works), so the sandbox starts through `setpriv` as
 nobody (65534) with no groups. Inside: a read-only root, a private /tmp,
 /dev and /proc of its own, no network and no other namespace shared, all
-capabilities dropped, killed with its parent. Outside, rlimits bound its
+capabilities dropped, killed with its parent. Outside, rlimits (set by
+util-linux's prlimit, not in a forked Python child) bound its
 CPU time, address space, file size (stdout and stderr are files, so an
 output flood stops there) and process count, and a wall clock kills its
 whole process group; the output comes back truncated.
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -25,7 +25,7 @@ import time
 from tunix_pw.errors import UsageError
 
 NOBODY = 65534
-TOOLS = ('bwrap', 'setpriv')
+TOOLS = ('bwrap', 'setpriv', 'prlimit')
 # The interpreter inside: the system's, which nobody can run (a venv's may
 # live under a home that only root can read).
 PYTHON = '/usr/bin/python3'
@@ -71,25 +71,24 @@ def check_available() -> None:
         'install them with apt-get install bubblewrap util-linux python3.')
 
 
-def command(argv: list[str]) -> list[str]:
-  """`argv` wrapped: setpriv to nobody, then bwrap's namespaces."""
-  return ['setpriv', f'--reuid={NOBODY}', f'--regid={NOBODY}',
+def command(argv: list[str], limits: Limits = Limits()) -> list[str]:
+  """`argv` wrapped: prlimit's rlimits (inherited by all it starts), setpriv
+  to nobody, then bwrap's namespaces. (No preexec_fn: forking a
+  multithreaded process, as JAX's is, to run Python in the child can
+  deadlock.)"""
+  mb = 1024 * 1024
+  return ['prlimit', f'--cpu={limits.cpu_s}',
+          f'--as={limits.memory_mb * mb}', f'--fsize={limits.file_mb * mb}',
+          f'--nproc={limits.processes}', '--core=0',
+          'setpriv', f'--reuid={NOBODY}', f'--regid={NOBODY}',
           '--clear-groups', 'bwrap', '--ro-bind', '/', '/', '--dev', '/dev',
           '--proc', '/proc', '--tmpfs', '/tmp', '--chdir', '/tmp',
           '--unshare-all', '--die-with-parent', '--new-session',
+          # No bwrap init inside: its exits outlive the outer bwrap as
+          # zombies that a lazy PID 1 leaves to count against the process
+          # limit (30 runs exhausted it).
+          '--as-pid-1',
           '--cap-drop', 'ALL', '--setenv', 'HOME', '/tmp', *argv]
-
-
-def _set_limits(limits: Limits) -> None:
-  """In the child, before it becomes nobody: rlimits it and its
-  descendants inherit."""
-  mb = 1024 * 1024
-  for kind, value in ((resource.RLIMIT_CPU, limits.cpu_s),
-                      (resource.RLIMIT_AS, limits.memory_mb * mb),
-                      (resource.RLIMIT_FSIZE, limits.file_mb * mb),
-                      (resource.RLIMIT_NPROC, limits.processes),
-                      (resource.RLIMIT_CORE, 0)):
-    resource.setrlimit(kind, (value, value))
 
 
 def _read(f, limit: int) -> tuple[str, bool]:
@@ -106,9 +105,8 @@ def run_python(code: str, stdin: str = '', limits: Limits = Limits(),
   start = time.monotonic()
   with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
     proc = subprocess.Popen(
-        command([python, '-I', '-c', code]), stdin=subprocess.PIPE,
-        stdout=out, stderr=err, start_new_session=True,
-        preexec_fn=lambda: _set_limits(limits))
+        command([python, '-I', '-c', code], limits), stdin=subprocess.PIPE,
+        stdout=out, stderr=err, start_new_session=True)
     timed_out = False
     try:
       proc.communicate(stdin.encode(), timeout=limits.wall_s)

@@ -14,7 +14,8 @@ from tunix_pw.jobs import pipeline
 from tunix_pw.train import metrics
 
 PULSE = ['--config=tunix_pw/configs/agentic.py:runlocal',
-         '--config.sft.steps=6', '--config.sft.batch_size=8',
+         '--config.sft.steps=60', '--config.sft.batch_size=16',
+         '--config.sft.optimizer.learning_rate=3e-3',
          '--config.sft.eval_examples=8', '--config.sft.eval_batch_size=8',
          '--config.agentic.steps=2', '--config.agentic.eval_examples=8',
          '--config.agentic.eval_batch_size=8',
@@ -34,7 +35,7 @@ def test_warm_up_then_agentic_steps(tmp_path):
   steps = [m for m in logged if 'loss' in m]
   assert [m['step'] for m in steps] == [1, 2]
   for m in steps:  # 8 episodes a step, each turn counted
-    assert m['model_turns'] >= 8 and m['generate_calls'] >= 2
+    assert m['model_turns'] >= 8 and m['generate_calls'] >= 1
     assert 0 <= m['well_formed_calls'] <= 1 and m['weight'] > 0
   evals = [m for m in logged if 'eval/accuracy' in m]
   assert [m['step'] for m in evals] == [0, 2]

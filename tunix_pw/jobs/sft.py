@@ -135,35 +135,31 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   spec = pipeline.DataSpec.from_block(config.data)
   sources, _ = pipeline.prepare(spec, runtime)
   data = batches(config, sources['train'], tokenizer, runtime, config.seed)
-  eval_prompts, eval_answers = setup.heldout(
-      spec.name, sources['test'], tokenizer, config.eval_examples,
-      config.data.chat)
   sampler = make_sampler(policy.model(), tokenizer, mesh=mesh, rules=rules,
                          runtime=runtime,
                          sync_budget=reshard.Budget.from_block(
                              config.runtime))
   session = loop.Session(name, config, runtime, workdir, policy.state, data)
-
-  if 'agent' in config:  # an agent's warm-up: evaluated on episodes
-    episodes = agentic.collector(
-        config.agent, sampler, tokenizer, mesh, rules, SamplingConfig(
-            config.eval_max_new_tokens, greedy=True),
-        config.data.max_length - config.eval_max_new_tokens,
-        config.eval_batch_size, tools := concurrent.futures.ThreadPoolExecutor(
-            config.eval_batch_size, 'tool'))
-    heldout = agentic.examples(sources['test'], config.eval_examples)
+  if 'agent' in config:  # an agent's warm-up: one episode per problem
+    tools = concurrent.futures.ThreadPoolExecutor(config.eval_batch_size)
+    evaluation = functools.partial(
+        agentic.evaluate_episodes, agentic.collector(
+            config.agent, sampler, tokenizer, mesh, rules, SamplingConfig(
+                config.eval_max_new_tokens, greedy=True),
+            config.data.max_length - config.eval_max_new_tokens,
+            config.eval_batch_size, tools),
+        agentic.examples(sources['test'], config.eval_examples), config.seed)
+  else:
+    prompts, answers = setup.heldout(spec.name, sources['test'], tokenizer,
+                                     config.eval_examples, config.data.chat)
+    evaluation = lambda: {f'eval/{k}': v for k, v in evaluate.exact_match(
+        sampler, tokenizer, prompts, answers, config.eval_max_new_tokens,
+        config.eval_batch_size).items()}
 
   @functools.cache  # the last step may be an eval_every step too
   def evaluate_now(step: int) -> dict[str, float]:
     sampler.update_weights(session.state.params)
-    if 'agent' in config:
-      return session.writer.write(step, agentic.evaluate_episodes(
-          episodes, heldout, config.seed))
-    result = evaluate.exact_match(
-        sampler, tokenizer, eval_prompts, eval_answers,
-        config.eval_max_new_tokens, config.eval_batch_size)
-    return session.writer.write(step, {f'eval/{k}': v
-                                       for k, v in result.items()})
+    return session.writer.write(step, evaluation())
 
   def step(index: int) -> tuple[Any, int]:
     del index
