@@ -140,21 +140,8 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
                          sync_budget=reshard.Budget.from_block(
                              config.runtime))
   session = loop.Session(name, config, runtime, workdir, policy.state, data)
-  if 'agent' in config:  # an agent's warm-up: one episode per problem
-    tools = concurrent.futures.ThreadPoolExecutor(config.eval_batch_size)
-    evaluation = functools.partial(
-        agentic.evaluate_episodes, agentic.collector(
-            config.agent, sampler, tokenizer, mesh, rules, SamplingConfig(
-                config.eval_max_new_tokens, greedy=True),
-            config.data.max_length - config.eval_max_new_tokens,
-            config.eval_batch_size, tools),
-        agentic.examples(sources['test'], config.eval_examples), config.seed)
-  else:
-    prompts, answers = setup.heldout(spec.name, sources['test'], tokenizer,
-                                     config.eval_examples, config.data.chat)
-    evaluation = lambda: {f'eval/{k}': v for k, v in evaluate.exact_match(
-        sampler, tokenizer, prompts, answers, config.eval_max_new_tokens,
-        config.eval_batch_size).items()}
+  evaluation, tools = heldout_evaluation(config, sources['test'], sampler,
+                                         tokenizer, mesh)
 
   @functools.cache  # the last step may be an eval_every step too
   def evaluate_now(step: int) -> dict[str, float]:
@@ -179,12 +166,33 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   session.save(last)
   result = evaluate_now(last) if config.eval_examples else {}
   session.close()
-  if 'agent' in config:
+  if tools:
     tools.shutdown(wait=False, cancel_futures=True)
   if config.export:
     setup.export(config, policy.model(session.state.params))
   if runtime.is_coordinator and result:
     print(evaluate.summary(name, result))
+
+
+def heldout_evaluation(config: Any, source: Any, sampler: Any,
+                       tokenizer: Any, mesh: Any):
+  """(() -> eval/ scalars on the held-out split, the tools' threads or
+  None): greedy exact match, or for an agent's warm-up one greedy episode
+  per problem."""
+  if 'agent' not in config:
+    prompts, answers = setup.heldout(config.data.name, source, tokenizer,
+                                     config.eval_examples, config.data.chat)
+    return (lambda: {f'eval/{k}': v for k, v in evaluate.exact_match(
+        sampler, tokenizer, prompts, answers, config.eval_max_new_tokens,
+        config.eval_batch_size).items()}), None
+  tools = concurrent.futures.ThreadPoolExecutor(config.eval_batch_size)
+  return functools.partial(
+      agentic.evaluate_episodes, agentic.collector(
+          config.agent, sampler, tokenizer, mesh, config.sharding,
+          SamplingConfig(config.eval_max_new_tokens, greedy=True),
+          config.data.max_length - config.eval_max_new_tokens,
+          config.eval_batch_size, tools),
+      agentic.examples(source, config.eval_examples), config.seed), tools
 
 
 def reached(config: Any, result: dict[str, float], runtime: Any) -> bool:
