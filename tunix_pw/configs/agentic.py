@@ -131,7 +131,7 @@ def self_correction() -> ml_collections.ConfigDict:
                 'checkpoint', 'meshes'):
     retry[field] = c.grpo[field]
   retry.rl = c.grpo.rl
-  retry.rl.update(rewards='exact_answer:1.0', max_prompt_length=64,
+  retry.rl.update(rewards='exact_answer:1.0', max_prompt_length=80,
                   max_new_tokens=8, dynamic_sampling=False)
   c.stages = ('sft', 'agentic')
   c.agentic = retry
