@@ -14,8 +14,9 @@ from tests.models import tiny_tokenizers
 from tunix_pw.configs import distill as distill_config, grpo as grpo_config
 from tunix_pw.jobs import distill, grpo
 from tunix_pw.models import safetensors_io
+from tunix_pw.rl import plan as plan_lib
 from tunix_pw.runtime import meshes
-from tunix_pw.train import metrics
+from tunix_pw.train import metrics, setup
 
 DISTILL = '--config=tunix_pw/configs/distill.py:runlocal'
 PULSE = ['--config.steps=2', '--config.log_every=1', '--config.eval_examples=0',
@@ -112,28 +113,34 @@ def test_on_policy_distillation_from_an_identical_teacher_moves_nothing(
     tmp_path):
   """The advantage of each sampled token is log pi_T - log pi_S: a teacher
   equal to the student gives 0 everywhere, so the policy-gradient step
-  leaves every weight as it was (and the KL metric is 0)."""
+  leaves every weight as it was (and the KL metric is 0). Here without
+  the whole distributions' term (`distill.weight=0`)."""
   result = helpers.run_main(OPD, *OPD_PULSE, '--config.steps=1',
+                            '--config.distill.weight=0',
                             f'--workdir={tmp_path / "w"}')
   assert result.returncode == 0, result.stderr[-3000:]
   [logged] = [m for m in metrics.read(str(tmp_path / 'w')) if 'loss' in m]
   assert logged['kl'] == 0.0 and logged['loss'] == 0.0
-  assert logged['grad_norm'] == 0.0
+  assert logged['grad_norm'] == 0.0 and 'distill' not in logged
 
 
 def test_on_policy_distillation_pulls_the_student_to_the_teacher(tmp_path):
   """A teacher of another family on the reference role, the student
   sampling on its own rollout mesh: the student's KL to the teacher on
-  its own samples falls."""
+  its own samples falls, and so does the divergence of the whole
+  distributions (of the teacher's top 8 tokens at each sampled
+  position)."""
   result = helpers.run_main(OPD, *OPD_PULSE, '--config.steps=6',
                             '--config.teacher.preset=tiny-llama3',
+                            '--config.distill.top_k=8',
                             '--config.optimizer.learning_rate=3e-3',
                             f'--workdir={tmp_path}')
   assert result.returncode == 0, result.stderr[-3000:]
   assert "rollout {'fsdp': 1, 'tp': 4} on 4 devices (ids 4..7)" in \
       result.stdout
-  kl = [m['kl'] for m in metrics.read(str(tmp_path)) if 'loss' in m]
-  assert kl[-1] < 0.8 * kl[0], kl
+  logged = [m for m in metrics.read(str(tmp_path)) if 'loss' in m]
+  for key in ('kl', 'distill'):
+    assert logged[-1][key] < 0.8 * logged[0][key], [m[key] for m in logged]
 
 
 def test_on_policy_distillation_refuses_another_tokenizer(tmp_path):
@@ -153,6 +160,15 @@ def test_on_policy_distillation_plan_holds_the_teacher():
   names = [p.name for p in plan.phases]
   assert 'teacher logps' in names and 'old logps' in names
   assert 'teacher' in plan.resident['actor']  # the reference role's devices
+  # The train step's batch carries the teacher's logits, whole or top-k.
+  mesh = meshes.build(config.meshes, jax.devices())['actor']
+  length = config.rl.max_prompt_length + config.rl.max_new_tokens
+  vocab = setup.architecture(config.teacher).vocab_size
+  for top_k, width in ((0, vocab), (8, 8)):
+    config.distill.top_k = top_k
+    shapes = plan_lib.batch_shapes(config, 16, mesh)
+    assert shapes['teacher_logits'].shape == (16, length, width)
+    assert ('teacher_indices' in shapes) == bool(top_k)
 
 
 def test_feature_distillation_and_its_projection(tmp_path):

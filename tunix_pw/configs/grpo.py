@@ -127,6 +127,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rl = rl_block(variant, local)
   if variant == 'distill':  # on-policy distillation's teacher
     c.teacher = common.model('tiny-gemma' if local else preset)
+    # GKD's term (Agarwal et al. 2024): at each sampled position, weight x
+    # a divergence of the teacher's and the student's whole next-token
+    # distributions at a temperature (the teacher's top-k logits, or all),
+    # beside token_weight x the sampled tokens' log-ratio advantages.
+    c.distill = ml_collections.ConfigDict(dict(
+        divergence='forward_kl', beta=0.5, temperature=2.0 if local else 1.0,
+        top_k=0 if local else 64, weight=1.0, token_weight=1.0))
   c.optimizer = common.optimizer(learning_rate=1e-4 if local else 1e-6,
                                  warmup_steps=0, schedule='constant')
   c.steps = 20 if local else 500

@@ -37,7 +37,6 @@ from tunix_pw.data import pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.jobs import sft
 from tunix_pw.models import checkpoints, lora
-from tunix_pw.rl import registry
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard, sharding
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.sharding import Sharder
@@ -56,13 +55,8 @@ def validate(config: Any) -> None:
     raise UsageError(f'--config.distill.strategy={d.strategy!r} must be one '
                      f'of {", ".join(STRATEGIES)} and pooling='
                      f'{d.pooling!r} one of {", ".join(POOLING)}.')
-  registry.check('distill_divergence', d.divergence,
-                 '--config.distill.divergence')
-  if d.temperature <= 0 or not 0 < d.beta < 1 or d.top_k < 0:
-    raise UsageError(f'--config.distill.temperature={d.temperature} must be '
-                     f'positive, beta={d.beta} in (0, 1) and top_k={d.top_k} '
-                     'at least 0.')
-  if d.weight < 0 or d.sft_weight < 0 or d.weight + d.sft_weight == 0:
+  setup.check_logit_distillation(d)
+  if d.sft_weight < 0 or d.weight + d.sft_weight == 0:
     raise UsageError('--config.distill.weight and sft_weight must be at '
                      'least 0, and not both 0.')
   setup.check_same_tokenizer(config.model, config.teacher)
@@ -131,13 +125,7 @@ def distill_loss(model, batch, rng, *, d: Any, student_layers: tuple,
                                           batch['loss_mask'],
                                           batch['segment_ids'])
   if d.strategy == 'logit':
-    indices = batch.get('teacher_indices')
-    log_s, log_t = distill_losses.log_probs(
-        logits[:, :-1], batch['teacher_logits'][:, :-1],
-        None if indices is None else indices[:, :-1], d.temperature)
-    kd = d.temperature ** 2 * registry.get('distill_divergence',
-                                           d.divergence)(log_s, log_t, d.beta)
-    kd_sum = (kd * mask).sum()
+    kd_sum = (distill_losses.logit_loss(logits, batch, d) * mask).sum()
   else:
     real = (batch['segment_ids'] > 0).astype(jnp.float32)
     layers = jnp.asarray(student_layers)
@@ -182,10 +170,7 @@ def teacher_program(config: Any, graphdef: Any, mesh: Any):
     args = (batch['tokens'], batch['positions'], batch['segment_ids'])
     if d.strategy == 'logit':
       logits, _ = model(*args, shard=shard)
-      if not d.top_k:
-        return dict(teacher_logits=logits)
-      values, indices = distill_losses.top_k(logits, d.top_k)
-      return dict(teacher_logits=values, teacher_indices=indices)
+      return distill_losses.teacher_outputs(logits, d.top_k)
     _, hidden, probs = model.internals(*args, shard=shard)
     chosen = (probs if d.strategy == 'attention' else hidden)[layers]
     return {f'teacher_{"attention" if d.strategy == "attention" else "hidden"}':

@@ -67,6 +67,12 @@ def validate(config: Any) -> None:
                        'distill and name it in --config.teacher.')
     checkpoints.check_model_block(config.teacher, '--config.teacher')
     setup.check_same_tokenizer(config.model, config.teacher)
+    if 'distill' in config:
+      d = config.distill
+      setup.check_logit_distillation(d)
+      if d.token_weight < 0 or d.weight + d.token_weight == 0:
+        raise UsageError('--config.distill.weight and token_weight must be '
+                         'at least 0, and not both 0.')
   for kind, name in kinds:
     registry.check(kind, name, f'--config.rl.{kind}')
   samples = rl.prompts_per_step * rl.num_generations
@@ -105,7 +111,7 @@ class Parts:
   plan: plan_lib.Plan
   sampler: Sampler  # the rollout engine, on the rollout mesh
   reference: scoring.Scorer | None  # on-policy distillation's teacher
-  reference_logps: Callable | None  # its log-probability program
+  reference_logps: Callable | None  # its program: {'ref_logps': ..., ...}
   tokenizer: Any
   data: Any  # the prompt pipeline, or a mixture of several
   reward_weights: dict[str, list[tuple[str, float]]]  # dataset -> weights
@@ -137,9 +143,9 @@ def log_probs(parts: Parts, state: Any,
   rules, size = config.sharding, config.rl.logps_micro_batch_size
   extra = {}
   if parts.reference is not None:
-    extra['ref_logps'] = phases.chunked_logps(
+    extra.update(phases.chunked_logps(
         parts.reference_logps, parts.reference.state, arrays,
-        parts.reference.mesh, rules, size)
+        parts.reference.mesh, rules, size))
   if 'old_logps' in programs.needed:
     actor = programs.policy.mesh
     extra['old_logps'] = phases.chunked_logps(
@@ -167,7 +173,8 @@ def rollout_and_logps(parts: Parts, state: Any, index: int,
         parts.tokenizer.pad_id)
     extra = log_probs(parts, state, arrays)
     if rl.advantage == phases.DISTILL:  # each token's, from the teacher
-      extra['advantages'] = extra['ref_logps'] - extra['old_logps']
+      scale = config.distill.token_weight if 'distill' in config else 1.0
+      extra['advantages'] = scale * (extra['ref_logps'] - extra['old_logps'])
     weights, mismatch = phases.rollout_correction(
         result, arrays, extra.get('old_logps'), rl)
   preemption.check(stop)
@@ -211,11 +218,12 @@ def engines(config: Any, runtime: backend.Runtime,
     reference = scoring.from_block(
         config.teacher, scoring.reference_mesh(config, meshes),
         config.sharding, config.seed)
-    reference_logps = plan_lib.make_logps(config, reference.mesh,
-                                          reference.graphdef)
+    reference_logps = plan_lib.make_teacher(config, reference.mesh,
+                                            reference.graphdef)
   elif 'ref_logps' in programs.needed:
     reference = scoring.reference(config, programs.policy, meshes, runtime)
-    reference_logps = programs.logps(reference.mesh)
+    logps = programs.logps(reference.mesh)
+    reference_logps = lambda state, rows: dict(ref_logps=logps(state, rows))
   return dict(config=config, runtime=runtime, plan=programs, sampler=sampler,
               reference=reference, reference_logps=reference_logps,
               tokenizer=tokenizer)

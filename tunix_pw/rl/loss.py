@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.rl import functions  # pylint: disable=unused-import (registers)
 from tunix_pw.rl import registry
+from tunix_pw.train import distill_losses
 
 
 def token_logps(model, tokens, positions, segments,
@@ -18,6 +19,12 @@ def token_logps(model, tokens, positions, segments,
   """log p(token t+1 | ...) at every position [N, T-1], and the entropy;
   `shard` keeps the activations on the mesh's data axes."""
   logits, _ = model(tokens, positions, segments, shard=shard)
+  return logps_of(logits, tokens)
+
+
+def logps_of(logits: jax.Array, tokens: jax.Array
+             ) -> tuple[jax.Array, jax.Array]:
+  """`token_logps` from the logits [N, T, V]."""
   # Reductions over the vocabulary only, which XLA fuses: no [N, T, V]
   # log-softmax is materialised. All T positions, cut to T-1 once reduced: a
   # slice of the sharded logits trips the TPU compiler (libtpu 0.0.42).
@@ -29,12 +36,17 @@ def token_logps(model, tokens, positions, segments,
   return (chosen - normaliser)[:, :-1], (normaliser - mean_logit)[:, :-1]
 
 
-def rl_loss(model, batch, rng, *, rl: Any, shard: Sharder = Sharder()):
+def rl_loss(model, batch, rng, *, rl: Any, distill: Any = None,
+            shard: Sharder = Sharder()):
   """The registered policy loss (+ KL), aggregated; metric sums weighted so
-  the step's division yields batch averages."""
+  the step's division yields batch averages. With a teacher's logits in
+  the batch (on-policy distillation's `distill.weight`), each sampled
+  position adds weight x the divergence of the whole next-token
+  distributions (GKD's on-policy term, Agarwal et al. 2024)."""
   del rng
-  logp, entropy = token_logps(model, batch['tokens'], batch['positions'],
-                              batch['segment_ids'], shard)
+  logits, _ = model(batch['tokens'], batch['positions'],
+                    batch['segment_ids'], shard=shard)
+  logp, entropy = logps_of(logits, batch['tokens'])
   mask = batch['loss_mask'][:, 1:].astype(jnp.float32)
   old = batch.get('old_logps', jax.lax.stop_gradient(logp))
   per_token, clipped = registry.get('policy_loss', rl.policy_loss)(
@@ -45,6 +57,10 @@ def rl_loss(model, batch, rng, *, rl: Any, shard: Sharder = Sharder()):
   if 'ref_logps' in batch and not rl.get('kl_in_reward', False):
     kl = registry.get('kl', rl.kl)(logp, batch['ref_logps'])
     per_token = per_token + rl.kl_beta * kl
+  kd = jnp.zeros_like(logp)
+  if 'teacher_logits' in batch:
+    kd = distill_losses.logit_loss(logits, batch, distill)
+    per_token = per_token + distill.weight * kd
   if rl.get('entropy_coef', 0.0):  # a bonus: higher entropy, lower loss
     per_token = per_token - rl.entropy_coef * entropy
   aggregate = registry.get('aggregation', rl.aggregation)
@@ -55,4 +71,6 @@ def rl_loss(model, batch, rng, *, rl: Any, shard: Sharder = Sharder()):
   return loss, dict(weight=weight,
                     clip_fraction=(clipped * live).sum() * share,
                     kl=(kl * live).sum() * share,
-                    entropy=(entropy * live).sum() * share)
+                    entropy=(entropy * live).sum() * share,
+                    **({'distill': (kd * live).sum() * share}
+                       if 'teacher_logits' in batch else {}))

@@ -98,10 +98,11 @@ def training_arrays(result: Rollout, rl: Any, length: int,
 
 
 def chunked_logps(program: Callable, state: Any, arrays: dict[str, Any],
-                  mesh: Any, rules: Any, size: int) -> jax.Array:
-  """`program(state, rows)` over the sequences, `size` rows at a time."""
+                  mesh: Any, rules: Any, size: int) -> Any:
+  """`program(state, rows)` over the sequences, `size` rows at a time (its
+  outputs: an array or a dict of them, batch first)."""
   sequences = {k: arrays[k] for k in SEQUENCES}
-  return jnp.concatenate([
+  return jax.tree.map(lambda *parts: jnp.concatenate(parts), *[
       program(state, on_mesh({k: v[i:i + size] for k, v in sequences.items()},
                              mesh, rules))
       for i in range(0, len(sequences['tokens']), size)])

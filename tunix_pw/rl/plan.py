@@ -20,7 +20,7 @@ from tunix_pw.rl import batch as batch_lib, loss as loss_lib, phases, registry
 from tunix_pw.runtime import meshes as meshes_lib, reshard
 from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.sampling.sampler import Sampler
-from tunix_pw.train import program, scoring
+from tunix_pw.train import distill_losses, program, scoring, setup
 
 
 def total_updates(config: Any) -> int:
@@ -37,6 +37,42 @@ def make_logps(config: Any, mesh, graphdef):
   return jax.jit(lambda state, b: loss_lib.token_logps(
       nnx.merge(graphdef, state), b['tokens'], b['positions'],
       b['segment_ids'], shard)[0])
+
+
+def whole_distributions(config: Any) -> bool:
+  """Whether on-policy distillation adds the divergence of the teacher's
+  and the student's whole next-token distributions (`distill.weight`)."""
+  return (config.rl.advantage == phases.DISTILL and 'distill' in config
+          and config.distill.weight > 0)
+
+
+def make_teacher(config: Any, mesh, graphdef):
+  """jitted (teacher state, sequences) -> on-policy distillation's teacher
+  outputs on `mesh`: its log-probabilities of the sampled tokens
+  (`ref_logps`) and, for `whole_distributions`, its logits (top-k)."""
+  shard = Sharder(mesh, config.sharding)
+
+  def outputs(state, b):
+    logits, _ = nnx.merge(graphdef, state)(
+        b['tokens'], b['positions'], b['segment_ids'], shard=shard)
+    out = dict(ref_logps=loss_lib.logps_of(logits, b['tokens'])[0])
+    if whole_distributions(config):
+      out.update(distill_losses.teacher_outputs(logits, config.distill.top_k))
+    return out
+
+  return jax.jit(outputs)
+
+
+def teacher_shapes(config: Any, count: int
+                   ) -> dict[str, tuple[tuple[int, ...], Any]]:
+  """The teacher's logits (top-k) that `count` rows train on, as shapes."""
+  if not whole_distributions(config):
+    return {}
+  rl, k = config.rl, config.distill.top_k
+  rows = (count, rl.max_prompt_length + rl.max_new_tokens,
+          k or setup.architecture(config.teacher).vocab_size)
+  return {'teacher_logits': (rows, np.float32),
+          **({'teacher_indices': (rows, np.int32)} if k else {})}
 
 
 def needed_keys(rl: Any) -> tuple[str, ...]:
@@ -73,7 +109,8 @@ def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
   rl, actor = config.rl, meshes['actor']
   policy = program.build(
       config, actor, functools.partial(
-          loss_lib.rl_loss, rl=rl, shard=Sharder(actor, config.sharding)),
+          loss_lib.rl_loss, rl=rl, distill=config.get('distill'),
+          shard=Sharder(actor, config.sharding)),
       micro_batches=rl.mini_batch_size // rl.micro_batch_size,
       total_updates=total_updates(config), abstract=abstract)
   return Plan(policy, checkpoints.param_shardings(
@@ -86,9 +123,9 @@ def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
 def batch_shapes(config: Any, count: int, mesh: Any,
                  keys: tuple[str, ...] | None = None,
                  token_names: tuple[str, ...] = ()) -> dict[str, Any]:
-  """`count` rows of the arrays a step trains on (all, or `keys`, and the
-  per-token float arrays `token_names`), as shapes split over `mesh` like
-  the run's."""
+  """`count` rows of the arrays a step trains on (all, with any teacher
+  logits, or `keys`; and the per-token float arrays `token_names`), as
+  shapes split over `mesh` like the run's."""
   rl = config.rl
   length = rl.max_prompt_length + rl.max_new_tokens
   group = batch_lib.Group([0], '', [[0]] * rl.num_generations,
@@ -101,6 +138,8 @@ def batch_shapes(config: Any, count: int, mesh: Any,
   shapes = {k: ((count,) + v.shape[1:], v.dtype) for k, v in arrays.items()
             if keys is None or k in keys}
   shapes.update({k: ((count, length - 1), np.float32) for k in token_names})
+  if keys is None:
+    shapes.update(teacher_shapes(config, count))
   return compile_only.batch_on(mesh, config.sharding, shapes)
 
 
@@ -143,12 +182,13 @@ def rollout_phase(config: Any, rollout_model: Any,
 def teacher_phase(config: Any, meshes: meshes_lib.RoleMeshes,
                   resident: dict[str, dict[str, int]]) -> compile_only.Phase:
   """On-policy distillation's teacher: its log-probabilities of the
-  samples on the reference role's mesh, its weights resident there."""
+  samples (and logits) on the reference role's mesh, its weights resident
+  there."""
   mesh, rules = scoring.reference_mesh(config, meshes), config.sharding
   teacher = compile_only.abstract_frozen(config.teacher, mesh, rules)
   phase = compile_only.logps_phase(
       'teacher logps', meshes, mesh, nnx.state(teacher), rules,
-      lambda mesh, state: make_logps(
+      lambda mesh, state: make_teacher(
           config, mesh, nnx.graphdef(teacher)).lower(
               state, batch_shapes(
                   config, config.rl.logps_micro_batch_size, mesh,

@@ -19,15 +19,40 @@ al. 2015, arXiv 1503.02531).
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
+from tunix_pw.rl import registry
 from tunix_pw.rl.registry import register
 
 
 def top_k(teacher_logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
   """The teacher's k largest logits and their token ids, [..., k]."""
   return jax.lax.top_k(teacher_logits.astype(jnp.float32), k)
+
+
+def teacher_outputs(logits: jax.Array, k: int) -> dict[str, jax.Array]:
+  """What crosses to the student's mesh: the teacher's logits, whole or its
+  top-k (`teacher_logits`, with `teacher_indices` then)."""
+  if not k:
+    return dict(teacher_logits=logits)
+  values, indices = top_k(logits, k)
+  return dict(teacher_logits=values, teacher_indices=indices)
+
+
+def logit_loss(student_logits: jax.Array, batch: dict[str, jax.Array],
+               d: Any) -> jax.Array:
+  """tau^2 x the divergence `d.divergence` of the next-token distributions
+  at each position but the last [B, T-1], against the batch's
+  `teacher_outputs`."""
+  indices = batch.get('teacher_indices')
+  log_s, log_t = log_probs(
+      student_logits[:, :-1], batch['teacher_logits'][:, :-1],
+      None if indices is None else indices[:, :-1], d.temperature)
+  return d.temperature ** 2 * registry.get('distill_divergence',
+                                           d.divergence)(log_s, log_t, d.beta)
 
 
 def log_probs(student_logits: jax.Array, teacher: jax.Array,

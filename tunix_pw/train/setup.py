@@ -19,7 +19,9 @@ from tunix_pw.models import checkpoints, hf, lora, presets, tokenizers
 from tunix_pw.models.decoder import Decoder
 from tunix_pw.models.config import ModelConfig
 from tunix_pw.models.tokenizers import Tokenizer
+from tunix_pw.rl import registry
 from tunix_pw.train import checkpoint as checkpoint_lib
+from tunix_pw.train import distill_losses  # pylint: disable=unused-import (registers)
 import ml_collections
 
 
@@ -57,6 +59,17 @@ def tokenizer_source(block: Any) -> str:
 
 def tokenizer(block: Any) -> Tokenizer:
   return tokenizers.load(tokenizer_source(block))
+
+
+def check_logit_distillation(d: Any) -> None:
+  """The logit loss's settings in `--config.distill` (the distill job's
+  and on-policy distillation's)."""
+  registry.check('distill_divergence', d.divergence,
+                 '--config.distill.divergence')
+  if d.temperature <= 0 or not 0 < d.beta < 1 or d.top_k < 0 or d.weight < 0:
+    raise UsageError(f'--config.distill.temperature={d.temperature} must be '
+                     f'positive, beta={d.beta} in (0, 1), and top_k={d.top_k} '
+                     f'and weight={d.weight} at least 0.')
 
 
 # Text whose ids two tokenizers must agree on (with their vocabulary size
@@ -133,7 +146,7 @@ def attach(model: Decoder, config: Any) -> bool:
     lora.apply(model, config.lora.targets, config.lora.rank,
                config.lora.alpha, seed=config.seed,
                quantize=config.lora.quantize)
-  feature = config.get('distill') and config.distill.strategy == 'feature'
+  feature = config.job == 'distill' and config.distill.strategy == 'feature'
   if feature:
     from tunix_pw.jobs import distill  # pylint: disable=g-import-not-at-top
     distill.attach_projection(model, config)
