@@ -9,8 +9,9 @@ forward KL to the teacher's next-token distributions), same steps, batch,
 learning rate and seed. Both are scored by greedy exact match on the same
 held-out problems (disjoint from the teacher's and the student's
 training). Then, from the SFT-alone checkpoint, `--more` steps of SFT
-against as many of on-policy distillation (`grpo.py:runlocal,distill`,
-256 samples of the same prompts per step). Prints one JSON line.
+against as many of on-policy distillation (`grpo.py:runlocal,distill`:
+the sampled tokens' log-ratios and GKD's whole-distribution term, 256
+samples of the same prompts per step). Prints one JSON line.
 
   python benchmarks/distill.py [--steps=600] [--examples=1000] [--seed=0]
       [--teacher=WORKDIR] [--more=200]
