@@ -196,3 +196,44 @@ def test_self_correction_shows_feedback_and_values_the_fix(
     word = {'41': 'too low', '43': 'too high', 'no idea': 'no number'}
     assert (f'{turns[0]}\nuser: Wrong: {word[turns[0]]}. Try again.\n'
             f'model: {turns[1]}') in text
+
+
+def test_practice_starts_from_a_wrong_answer_it_does_not_train_on(pool):
+  """Self-correction practice: the episode opens with the demonstration's
+  answer moved off by 1-9 (scripted, loss mask 0), the verifier's
+  feedback, then the model's own second attempt, the only tokens
+  trained on."""
+  tok = tokenizers.CharTokenizer()
+  config = agent('gemma')
+  config.update(env='answer', tools='', attempts=2, practice=1.0)
+  task = envs.task(config, tok, pool)
+  [wrong] = envs.wrong_start(task, EXAMPLE, np.random.default_rng(0))
+  assert 1 <= abs(int(wrong) - 42) <= 9
+  answer = tok.encode('42') + [2]
+  collector = episodes.Collector(
+      lambda contexts, seed: [(answer, [-0.1] * len(answer))] * len(contexts),
+      task, tok, config, 10_000)
+  (practiced, natural), counts = collector.collect(
+      [EXAMPLE, EXAMPLE], 0, starts=[[wrong], []])
+  t = practiced.transcript
+  word = 'too high' if int(wrong) > 42 else 'too low'
+  assert tok.decode(t.context).startswith(
+      f'user: 12+30=\nmodel: {wrong}\nuser: Wrong: {word}. Try again.\n'
+      'model: 42')
+  assert [i for i, m in zip(t.tokens, t.mask) if m] == answer
+  assert practiced.rewards == [0.0, 0.5]  # the fix earns corrected_reward
+  assert natural.info == {'answers': 1, 'first_right': 1}
+  assert counts['practice_starts'] == 1 and counts['corrected'] == 1
+
+
+def test_practice_needs_retries_and_numeric_answers(pool):
+  tok = tokenizers.CharTokenizer()
+  config = agent('gemma')
+  config.update(practice=0.5)  # one attempt: nothing to practise
+  with pytest.raises(Exception, match='agent.attempts >= 2'):
+    envs.task(config, tok, pool)
+  config.update(env='answer', tools='', attempts=2)
+  task = envs.task(config, tok, pool)
+  with pytest.raises(Exception, match='end in a number'):
+    envs.wrong_start(task, dict(question='Name it.', answer='blue'),
+                     np.random.default_rng(0))

@@ -29,7 +29,13 @@ PULSE = ['--config=tunix_pw/configs/agentic.py:runlocal',
 
 
 def test_warm_up_then_agentic_steps(tmp_path):
-  result = helpers.run_main(*PULSE, f'--workdir={tmp_path}', timeout=600)
+  """With two attempts, every training episode practising from a wrong
+  first answer (scripted: the calculator called, its result misquoted)."""
+  result = helpers.run_main(*PULSE, '--config.agentic.agent.max_turns=4',
+                            '--config.agentic.agent.attempts=2',
+                            '--config.agentic.agent.practice=1.0',
+                            '--config.agentic.rl.max_prompt_length=384',
+                            f'--workdir={tmp_path}', timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   logged = metrics.read(str(tmp_path / 'agentic'))
   steps = [m for m in logged if 'loss' in m]
@@ -37,9 +43,12 @@ def test_warm_up_then_agentic_steps(tmp_path):
   for m in steps:  # 8 episodes a step, each turn counted
     assert m['model_turns'] >= 8 and m['generate_calls'] >= 1
     assert 0 <= m['well_formed_calls'] <= 1 and m['weight'] > 0
+    assert m['practice_starts'] == 8 and m['wrong_answers'] >= 8
+    assert 'over_budget' not in m
   evals = [m for m in logged if 'eval/accuracy' in m]
   assert [m['step'] for m in evals] == [0, 2]
-  assert all(m['eval/total'] == 8 for m in evals)
+  assert all(m['eval/total'] == 8 and 'eval/practice_starts' not in m
+             for m in evals)  # held-out episodes never practise
   # The warm-up taught the call format: the model calls the calculator.
   assert evals[0]['eval/tool_calls'] > 0
   with open(tmp_path / 'agentic' / 'samples.jsonl') as f:
@@ -55,6 +64,7 @@ def test_warm_up_then_agentic_steps(tmp_path):
     ('tools', 'calculator,shell', "'shell', not a "),
     ('tool_timeout', 0.0, 'tool_timeout=0'),
     ('attempts', 9, 'attempts=9 must be from 1 to'),
+    ('practice', 0.5, 'practice=0.5 must be from 0 to 1, and above 0 only'),
 ])
 def test_bad_agent_settings_are_config_errors(field, value, message):
   config = agentic.get_config('runlocal')

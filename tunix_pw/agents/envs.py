@@ -23,6 +23,8 @@ import re
 import secrets
 from typing import Any, Protocol
 
+import numpy as np
+
 from tunix_pw import sandbox
 from tunix_pw.agents import calls as calls_lib, tools as tools_lib
 from tunix_pw.errors import UsageError
@@ -138,6 +140,23 @@ class Retry:
                 True, info)
 
 
+_LAST_NUMBER = re.compile(r'-?\d+(?!.*\d)', re.DOTALL)
+
+
+def wrong_start(task: 'Task', example: dict[str, Any],
+                rng: np.random.Generator) -> list[str]:
+  """A wrong first attempt at `example` for self-correction practice: the
+  task's demonstration with its answer's last number moved 1 to 9 either
+  way."""
+  *before, last = task.demonstration(example)
+  found = _LAST_NUMBER.search(last)
+  if not found:
+    raise UsageError('--config.agent.practice needs answers that end in a '
+                     f'number; this task answers {last!r}.')
+  moved = int(found.group()) + int(rng.choice([-1, 1]) * rng.integers(1, 10))
+  return [*before, last[:found.start()] + str(moved) + last[found.end():]]
+
+
 @dataclasses.dataclass(frozen=True)
 class Task:
   """A registered environment, set up for one run."""
@@ -245,6 +264,10 @@ def check(agent: Any) -> None:
   if agent.attempts < 1 or agent.attempts > agent.max_turns:
     raise UsageError(f'--config.agent.attempts={agent.attempts} must be '
                      f'from 1 to --config.agent.max_turns={agent.max_turns}.')
+  if not 0 <= agent.practice <= 1 or (agent.practice and agent.attempts < 2):
+    raise UsageError(f'--config.agent.practice={agent.practice} must be from '
+                     '0 to 1, and above 0 only with agent.attempts >= 2 (it '
+                     'starts episodes from a wrong first answer).')
 
 
 def task(agent: Any, tokenizer: Any,

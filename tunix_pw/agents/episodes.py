@@ -67,12 +67,14 @@ class Transcript:
   def context(self) -> list[int]:
     return self.prompt + self.tokens
 
-  def model_turn(self, ids: Sequence[int], logps: Sequence[float]) -> str:
-    """Appends sampled ids as they are; returns their text."""
+  def model_turn(self, ids: Sequence[int], logps: Sequence[float],
+                 trained: bool = True) -> str:
+    """Appends sampled ids as they are (loss mask 1, or 0 for a scripted
+    turn not `trained`); returns their text."""
     stops = self.tokenizer.stop_ids
     text = self.tokenizer.decode([i for i in ids if i not in stops])
     self.tokens += list(ids)
-    self.mask += [1] * len(ids)
+    self.mask += [int(trained)] * len(ids)
     self.logps += list(logps)
     self.messages.append(dict(role='assistant', content=text))
     return text
@@ -162,13 +164,23 @@ class Collector:
         self._closing))
 
   def collect(self, examples: Sequence[dict[str, Any]], seed: int,
-              lockstep: bool = False) -> tuple[list[Episode], Counter]:
+              lockstep: bool = False, starts: Sequence[list[str]] = ()
+              ) -> tuple[list[Episode], Counter]:
     """One episode per example (repeat an example for a group); returns
-    them in order, with the run's counts."""
+    them in order, with the run's counts. `starts`: per episode, model
+    turns to script first (not trained on; self-correction practice)."""
     episodes = [self.new(e) for e in examples]
     self._seed, self._calls = seed, Counter()
     play = self._lockstep if lockstep else self._concurrent
-    asyncio.run(play(episodes))
+
+    async def run():
+      for episode, turns in zip(episodes, starts):
+        if turns:
+          episode.info['practice_starts'] += 1
+          await self.script(episode, turns, trained=False)
+      await play([e for e in episodes if not e.done])
+
+    asyncio.run(run())
     counts = sum((e.info for e in episodes), Counter()) + self._calls
     return episodes, counts
 
@@ -182,9 +194,9 @@ class Collector:
         self._engine, self.generate, contexts, seed)
 
   async def advance(self, episode: Episode, ids: list[int],
-                     logps: list[float]) -> None:
+                    logps: list[float], trained: bool = True) -> None:
     """The model's turn, then the environment's answer to it."""
-    text = episode.transcript.model_turn(ids, logps)
+    text = episode.transcript.model_turn(ids, logps, trained)
     if not ids or ids[-1] not in self.tokenizer.stop_ids:
       return episode.fail('truncated_turns', self.agent.failure_reward)
     step = await episode.env.step(text)
@@ -198,6 +210,15 @@ class Collector:
       if len(transcript.context) > self.max_context:  # no room to answer
         transcript.cut(length)
         episode.fail('over_budget', self.agent.failure_reward)
+
+  async def script(self, episode: Episode, turns: list[str],
+                   trained: bool) -> None:
+    """`turns` played as the model's (their ids the tokenizer's encoding,
+    plus the first stop token), the environment really answering."""
+    stop = self.tokenizer.stop_ids[0]
+    for text in turns:
+      ids = self.tokenizer.encode(text) + [stop]
+      await self.advance(episode, ids, [0.0] * len(ids), trained)
 
   # ------------------------------------------------- concurrent episodes
 
@@ -280,14 +301,8 @@ def demonstrate(collector: Collector, example: dict[str, Any]) -> Transcript:
   the tokenizer's encoding, plus the first stop token) and the
   environment (tools included) really run: SFT warm-up data."""
   episode = collector.new(example)
-  stop = collector.tokenizer.stop_ids[0]
-
-  async def play():
-    for text in collector.task.demonstration(example):
-      ids = collector.tokenizer.encode(text) + [stop]
-      await collector.advance(episode, ids, [0.0] * len(ids))
-
-  asyncio.run(play())
+  asyncio.run(collector.script(episode, collector.task.demonstration(example),
+                               trained=True))
   if episode.solved < 1:
     raise ValueError(f'the demonstration of {example} does not solve it: '
                      f'{episode.transcript.messages}')

@@ -47,6 +47,11 @@ def agent_block(call_format: str) -> ml_collections.ConfigDict:
       # (a right first one, 1).
       attempts=1, corrected_reward=0.5,
       feedback='Wrong: {feedback}. Try again.',
+      # The fraction of a training step's problems whose episodes start
+      # from a wrong first answer (the demonstration's number moved 1-9,
+      # not trained on): practice at the second attempt once first ones
+      # are mostly right. Held-out episodes never do.
+      practice=0.0,
   ))
 
 

@@ -18,6 +18,8 @@ import dataclasses
 import math
 from typing import Any
 
+import numpy as np
+
 from tunix_pw.agents import envs as envs_lib, episodes as episodes_lib
 from tunix_pw.data import builders, pipeline
 from tunix_pw.errors import UsageError
@@ -102,11 +104,15 @@ class Agent:
 
   def rollout(self, data: Any, index: int) -> phases.Rollout:
     """One step's groups: G episodes of each of the step's examples."""
-    g = self.config.rl.num_generations
-    examples = [e for e in next(data) for _ in range(g)]
+    g, seed = self.config.rl.num_generations, self.config.seed
+    batch = next(data)
+    rng = np.random.default_rng((seed, index))
+    starts = [envs_lib.wrong_start(self.train.task, e, rng)
+              if rng.random() < self.config.agent.practice else []
+              for e in batch]  # a group's episodes share theirs
     found, counts = self.train.collect(
-        examples, self.config.seed * 1_000_003 + index,
-        self.config.agent.lockstep)
+        [e for e in batch for _ in range(g)], seed * 1_000_003 + index,
+        self.config.agent.lockstep, [s for s in starts for _ in range(g)])
     groups = episodes_lib.to_groups(found, g)
     return phases.Rollout(groups, [1.0] * len(groups), dict(
         metrics(found, counts), dropped=0, padded=0, rounds=0,
