@@ -21,9 +21,11 @@ fraction of well-formed calls, and writes the run's progress.png.
 Target: at least +10 points from a start at or below 50%.
 
 retry: `agentic.py:runlocal,retry` (self-correction on the demo's task:
-after a wrong answer the model reads 'Wrong. Try again.' and answers once
-more); prints the fraction of wrong first answers that the second attempt
-fixes, on the same held-out problems before and after RL (issue 18).
+after a wrong answer the model reads 'Wrong: too high. Try again.' (or too
+low) and answers once more; half the training problems start from a
+wrong first answer); prints the fraction of wrong first answers that the
+second attempt fixes, on the same held-out problems before and after RL
+(issue 18).
 """
 
 import argparse
