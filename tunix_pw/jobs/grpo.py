@@ -61,18 +61,7 @@ def validate(config: Any) -> None:
     raise UsageError('--config.rl.advantage=gae needs a critic: train with '
                      'tunix_pw/configs/ppo.py.')
   elif rl.advantage == phases.DISTILL:
-    if 'teacher' not in config:
-      raise UsageError('--config.rl.advantage=on_policy_distill needs a '
-                       'teacher: use tunix_pw/configs/grpo.py:<preset>,'
-                       'distill and name it in --config.teacher.')
-    checkpoints.check_model_block(config.teacher, '--config.teacher')
-    setup.check_same_tokenizer(config.model, config.teacher)
-    if 'distill' in config:
-      d = config.distill
-      setup.check_logit_distillation(d)
-      if d.token_weight < 0 or d.weight + d.token_weight == 0:
-        raise UsageError('--config.distill.weight and token_weight must be '
-                         'at least 0, and not both 0.')
+    check_teacher(config)
   for kind, name in kinds:
     registry.check(kind, name, f'--config.rl.{kind}')
   samples = rl.prompts_per_step * rl.num_generations
@@ -100,6 +89,22 @@ def validate(config: Any) -> None:
   meshes_lib.check_batch(samples, config.meshes, 'rollout',
                          config.sharding.batch,
                          'prompts_per_step x num_generations')
+
+
+def check_teacher(config: Any) -> None:
+  """On-policy distillation's teacher and its `distill` settings."""
+  if 'teacher' not in config:
+    raise UsageError('--config.rl.advantage=on_policy_distill needs a '
+                     'teacher: use tunix_pw/configs/grpo.py:<preset>,'
+                     'distill and name it in --config.teacher.')
+  checkpoints.check_model_block(config.teacher, '--config.teacher')
+  setup.check_same_tokenizer(config.model, config.teacher)
+  if 'distill' in config:
+    d = config.distill
+    setup.check_logit_distillation(d)
+    if d.token_weight < 0 or d.weight + d.token_weight == 0:
+      raise UsageError('--config.distill.weight and token_weight must be '
+                       'at least 0, and not both 0.')
 
 
 @dataclasses.dataclass(frozen=True)
