@@ -1,8 +1,14 @@
 """GRPO and its variants, 5 steps through `main`: metrics (timings aside)
 and final parameters bit-identical to goldens recorded before the RL loop
-was rebuilt from phases and before the non-finite step guard
-(`python -m tests.jobs.test_golden` records them anew, for a deliberate
-change of results)."""
+was rebuilt from phases, before the non-finite step guard and before the
+asynchronous rollouts (`python -m tests.jobs.test_golden` records them
+anew, for a deliberate change of results).
+
+XLA compiles CPU code for the processor it runs on, and its float rounding
+differs between processor kinds (the machine the goldens were first
+recorded on and an AMD EPYC gave last-bit differences from the first update
+on, for the same code): each kind has its goldens (`goldens/<kind>/`, the
+first kind's at the top), and a run must equal one of them bit for bit."""
 
 import hashlib
 import json
@@ -39,11 +45,26 @@ def run(variant: str, workdir: str) -> dict:
   return dict(metrics=logged, params_sha256=digest)
 
 
+def goldens(variant: str) -> list[dict]:
+  """The variant's goldens, one per processor kind."""
+  paths = [os.path.join(GOLDENS, f'{variant}.json')] + [
+      os.path.join(GOLDENS, kind, f'{variant}.json')
+      for kind in sorted(os.listdir(GOLDENS))
+      if os.path.isdir(os.path.join(GOLDENS, kind))]
+  out = []
+  for path in paths:
+    with open(path) as f:
+      out.append(json.load(f))
+  return out
+
+
 @pytest.mark.parametrize('variant', VARIANTS)
 def test_bit_identical_to_goldens(tmp_path, variant):
-  with open(os.path.join(GOLDENS, f'{variant}.json')) as f:
-    golden = json.load(f)
   got = run(variant, str(tmp_path))
+  candidates = goldens(variant)
+  # The golden of this processor kind (or the first, to show the change).
+  golden = next((g for g in candidates
+                 if g['params_sha256'] == got['params_sha256']), candidates[0])
   # Every recorded value (metrics added since, such as `skipped`, aside).
   assert [{k: m.get(k) for k in g} for m, g in zip(
       got['metrics'], golden['metrics'])] == golden['metrics']
@@ -53,8 +74,12 @@ def test_bit_identical_to_goldens(tmp_path, variant):
 
 if __name__ == '__main__':
   import tempfile  # pylint: disable=g-import-not-at-top
-  for name in sys.argv[1:] or VARIANTS:
+  # --kind=NAME records into goldens/NAME/ (a new processor kind).
+  kind = next((a.split('=', 1)[1] for a in sys.argv[1:]
+               if a.startswith('--kind=')), '')
+  os.makedirs(os.path.join(GOLDENS, kind), exist_ok=True)
+  for name in [a for a in sys.argv[1:] if not a.startswith('--')] or VARIANTS:
     with tempfile.TemporaryDirectory() as tmp:
-      with open(os.path.join(GOLDENS, f'{name}.json'), 'w') as f:
+      with open(os.path.join(GOLDENS, kind, f'{name}.json'), 'w') as f:
         json.dump(run(name, tmp), f, indent=1)
     print('recorded', name)
