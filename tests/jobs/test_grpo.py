@@ -206,6 +206,59 @@ def test_a_stop_inside_a_step_resumes_bit_identical(tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+def test_async_rollouts_stay_within_the_staleness_bound(tmp_path):
+  """Rollouts run ahead by up to k policy versions and never further; with
+  partial rollouts (decode chunks of 2 tokens) every token's version is
+  recorded, and masked importance sampling weights the stale samples."""
+  for k, extra in ((1, ['--config.rl.decode_chunk=2',
+                        '--config.rl.mis_threshold=4']), (2, [])):
+    result = run_grpo('runlocal', '--config.steps=6', '--config.eval_examples=0',
+                      '--config.checkpoint.every=0',
+                      f'--config.rl.max_staleness={k}', *extra,
+                      workdir=tmp_path / str(k))
+    assert result.returncode == 0, result.stderr[-3000:]
+    logged = [m for m in metrics.read(str(tmp_path / str(k))) if 'loss' in m]
+    assert [m['step'] for m in logged] == [1, 2, 3, 4, 5, 6]
+    staleness = [m['staleness'] for m in logged]
+    assert staleness[0] == 0 and max(staleness) <= k, staleness
+    assert max(staleness) >= 1, staleness  # generated ahead of the update
+    for m in logged:
+      assert {'time/trainer_wait', 'time/rollout_wait', 'queue_depth'} <= (
+          m.keys())
+    if extra:
+      for m in logged:  # each token's version: at most k behind, none ahead
+        shares = {int(key.split('/')[1]): v for key, v in m.items()
+                  if key.startswith('token_staleness/')}
+        assert shares and set(shares) <= set(range(k + 1)), shares
+        assert abs(sum(shares.values()) - 1) < 1e-6
+        assert 0 <= m['mis_masked'] <= 1
+  refused = helpers.run_main('--config=tunix_pw/configs/grpo.py:runlocal',
+                             '--config.rl.max_staleness=1', *COLLOCATED,
+                             '--check_only')
+  assert refused.returncode == 2
+  assert 'needs the rollout on devices of its own' in ' '.join(
+      helpers.error_lines(refused.stderr))
+
+
+def test_a_stop_during_async_rollouts_resumes_and_finishes(tmp_path):
+  """SIGTERM while rollouts run ahead: exit 42 with a consistent
+  checkpoint; the resumed run regenerates what was in flight and logs each
+  step once."""
+  args = ['runlocal', '--config.steps=4', '--config.eval_examples=0',
+          '--config.checkpoint.every=0', '--config.rl.rewards=by_length:1',
+          '--config.rl.max_staleness=1']
+  run = functools.partial(run_grpo, *args, wrapper=SPLIT_REWARD,
+                          workdir=tmp_path)
+  stopped = run(TERM_AT_CALL=str(2 * 8 * 8 + 1))  # in step 3's rollout
+  assert stopped.returncode == 42, stopped.stderr[-3000:]
+  resumed = run()
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert 'resumed from step' in resumed.stdout
+  logged = [m['step'] for m in metrics.read(str(tmp_path)) if 'loss' in m]
+  assert logged == [1, 2, 3, 4]
+  assert os.listdir(tmp_path / 'checkpoints' / '4')
+
+
 def test_after_a_sync_the_rollout_engine_is_the_actor():
   devices = jax.devices()
   actor = Mesh(np.array(devices[:4]), ('fsdp',))
@@ -242,9 +295,10 @@ def test_two_controllers_match_one(tmp_path):
   assert len(logged[0]) == len(logged[1]) == 4  # eval, 2 steps, eval
   for a, b in zip(*logged):
     assert a.keys() == b.keys()
-    # Not results: timings, and compilations (fetches across processes
-    # compile programs a single process does not need).
-    for key in a.keys() - {'step', 'compilations'} - {
+    # Not results: timings, the rollouts ready ahead (timing), and
+    # compilations (fetches across processes compile programs a single
+    # process does not need).
+    for key in a.keys() - {'step', 'compilations', 'queue_depth'} - {
         k for k in a if 'time' in k or k.endswith('per_s')}:
       np.testing.assert_allclose(b[key], a[key], rtol=1e-6, atol=1e-7,
                                  err_msg=key)

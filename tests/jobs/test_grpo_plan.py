@@ -57,7 +57,7 @@ def test_compile_plan_lowers_what_the_run_compiles():
   ran = rl_plan.plan(c, role_meshes, abstract=False)
   checked = rl_plan.plan(c, role_meshes, abstract=True)
   assert checked.needed == ran.needed == ('ref_logps', 'old_logps',
-                                          'tis_weights')
+                                          'is_weights')
   arrays, batch = run_batch(c, ran)
   shapes = rl_plan.batch_shapes(c, c.rl.mini_batch_size, checked.policy.mesh,
                              token_names=checked.needed)

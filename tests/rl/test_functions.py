@@ -101,6 +101,19 @@ def test_truncated_importance_weights_and_the_mismatch_metric():
       same['mismatch/ratio_p95']) == 1.0
 
 
+def test_mis_weights_by_hand():
+  # Sequence ratios: 2 x 0.5 x 3 = 3 (above 2.5: masked whole), and
+  # 1.5 x 0.8 = 1.2 (kept: every live token weighted by 1.2); the padding
+  # token's ratio (10) does not count.
+  trainer = np.log([[0.5, 0.2, 0.9, 0.3], [0.3, 0.4, 0.5, 0.5]])
+  rollout = np.log([[0.25, 0.4, 0.3, 0.3], [0.2, 0.5, 0.05, 0.5]])
+  mask = np.array([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+  np.testing.assert_allclose(f.mis_weights(trainer, rollout, mask, 2.5),
+                             [[0, 0, 0, 0], [1.2, 1.2, 0, 0]], rtol=1e-6)
+  np.testing.assert_allclose(f.mis_weights(trainer, rollout, mask, 3.5),
+                             [[3, 3, 3, 0], [1.2, 1.2, 0, 0]], rtol=1e-6)
+
+
 def test_ppo_clip_with_separate_epsilons():
   # PPO (Schulman et al. 2017) surrogate with DAPO's clip-higher
   # (Yu et al. 2025, arXiv 2503.14476, eq. 8):

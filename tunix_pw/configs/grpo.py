@@ -80,6 +80,17 @@ def rl_block(variant: str, local: bool) -> ml_collections.ConfigDict:
       # truncated importance weights min(pi_old / pi_rollout, tis_cap) on
       # every token's loss (0: off), and mismatch/* metrics (on with TIS).
       tis_cap=0.0, mismatch_metrics=False,
+      # Masked importance sampling: each sequence's ratio pi_old /
+      # pi_rollout (over its tokens) weights its loss; sequences above the
+      # threshold are masked out (0: off; exclusive with tis_cap).
+      mis_threshold=0.0,
+      # Asynchronous RL (rl/asynchronous.py): rollouts generated ahead of
+      # the update, from a policy at most this many steps old; 0: each
+      # rollout waits for the previous step's weights (synchronous).
+      max_staleness=0,
+      # Partial rollouts: decode this many tokens per call, taking the
+      # newest weights between calls (0: the whole decode loop at once).
+      decode_chunk=0,
       # A reward model (the reward_model job's export) scoring every
       # sample: name it in the rewards with a weight ('reward_model:1').
       reward_model='',

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 import dataclasses
 import functools
+import time
 from typing import Any
 
 from flax import nnx
@@ -26,7 +27,7 @@ from tunix_pw import checks, compile_only, console
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints
 from tunix_pw.rl import phases
-from tunix_pw.rl import batch as batch_lib, judge as judge_lib
+from tunix_pw.rl import asynchronous, batch as batch_lib, judge as judge_lib
 from tunix_pw.rl import plan as plan_lib, prompts as prompts_lib
 from tunix_pw.rl import registry, reward_model
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard
@@ -50,9 +51,20 @@ def validate(config: Any) -> None:
   optim.check(config.optimizer)
   setup.check_lora_block(config.lora)
   rl = config.rl
-  if rl.tis_cap < 0:
-    raise UsageError(f'--config.rl.tis_cap={rl.tis_cap} must be positive '
-                     '(or 0: no truncated importance sampling).')
+  if rl.tis_cap < 0 or rl.mis_threshold < 0:
+    raise UsageError(f'--config.rl.tis_cap={rl.tis_cap} and mis_threshold='
+                     f'{rl.mis_threshold} must be positive (or 0: off).')
+  if rl.tis_cap and rl.mis_threshold:
+    raise UsageError('--config.rl.tis_cap and mis_threshold are two ways to '
+                     'weight the same tokens: set one of them.')
+  if rl.max_staleness < 0 or rl.decode_chunk < 0:
+    raise UsageError(f'--config.rl.max_staleness={rl.max_staleness} and '
+                     f'decode_chunk={rl.decode_chunk} must be at least 0 (0: '
+                     'synchronous; one decode loop).')
+  if rl.max_staleness and config.meshes.layout != 'disaggregated':
+    raise UsageError('--config.rl.max_staleness overlaps the rollout with '
+                     'the update, which needs the rollout on devices of its '
+                     "own: use --config.meshes.layout='disaggregated'.")
   kinds = [('policy_loss', rl.policy_loss), ('aggregation', rl.aggregation),
            ('kl', rl.kl)]
   if rl.advantage not in phases.PER_TOKEN:
@@ -137,7 +149,7 @@ def rollout_engine(config: Any, programs: plan_lib.Plan, tokenizer: Any,
       nnx.merge(programs.policy.full_graphdef, copy), tokenizer,
       mesh=meshes['rollout'], rules=config.sharding, runtime=runtime,
       max_cache=config.rl.max_prompt_length + config.rl.max_new_tokens,
-      sync_budget=programs.sync)
+      sync_budget=programs.sync, decode_chunk=config.rl.decode_chunk)
 
 
 def log_probs(parts: Parts, state: Any,
@@ -160,17 +172,25 @@ def log_probs(parts: Parts, state: Any,
                          programs.sync)
 
 
-def rollout_and_logps(parts: Parts, state: Any, index: int,
-                      preemption: Preemption, stop: Callable[[], None],
-                      timer: phases.Timer):
-  """A step's phases up to the update: the scored rollout, its training
-  arrays (with any TIS weights, on the host), the log-probabilities the
-  update needs (on the actor mesh) and the mismatch metrics."""
+def rollout_stages(parts: Parts, index: int) -> Callable[[], phases.Rollout]:
+  """Step `index`'s rollout, generated now; the function returned scores
+  it (an agent's episodes are scored as they are collected)."""
+  if parts.collect:
+    result = parts.collect(index)
+    return lambda: result
+  return phases.rollout(parts.sampler, parts.data, parts.tokenizer,
+                        parts.config.rl, parts.reward_weights,
+                        parts.config.seed, index, parts.scorers)
+
+
+def training_inputs(parts: Parts, state: Any, result: phases.Rollout,
+                    preemption: Preemption, stop: Callable[[], None],
+                    timer: phases.Timer):
+  """A step's phases between the rollout and the update: the training
+  arrays (with any importance weights, on the host), the
+  log-probabilities the update needs (on the actor mesh) and the mismatch
+  metrics."""
   config, rl = parts.config, parts.config.rl
-  with timer('rollout'):
-    result = parts.collect(index) if parts.collect else phases.rollout(
-        parts.sampler, parts.data, parts.tokenizer, rl, parts.reward_weights,
-        config.seed, index, parts.scorers)
   preemption.check(stop)
   with timer('logps'):
     arrays = phases.training_arrays(
@@ -183,7 +203,7 @@ def rollout_and_logps(parts: Parts, state: Any, index: int,
     weights, mismatch = phases.rollout_correction(
         result, arrays, extra.get('old_logps'), rl)
   preemption.check(stop)
-  return result, dict(arrays, **weights), extra, mismatch
+  return dict(arrays, **weights), extra, mismatch
 
 
 def update_policy(parts: Parts, state: Any, arrays: dict[str, np.ndarray],
@@ -195,20 +215,20 @@ def update_policy(parts: Parts, state: Any, arrays: dict[str, np.ndarray],
                        config.rl, mesh, config.sharding)
 
 
-def step(parts: Parts, state: Any, index: int, preemption: Preemption,
-         stop: Callable[[], None]
-         ) -> tuple[Any, dict[str, float], phases.Rollout]:
-  """One RL step, phase by phase, with preemption checks between them."""
-  timer = phases.Timer()
-  result, arrays, extra, mismatch = rollout_and_logps(
-      parts, state, index, preemption, stop, timer)
+def step(parts: Parts, state: Any, index: int, result: phases.Rollout,
+         timer: phases.Timer, preemption: Preemption,
+         stop: Callable[[], None]) -> tuple[Any, dict[str, float]]:
+  """Step `index` on its scored rollout, phase by phase, with preemption
+  checks between them; `timer` holds the rollout's time."""
+  arrays, extra, mismatch = training_inputs(parts, state, result,
+                                            preemption, stop, timer)
   with timer('train'):
     state, update_metrics = update_policy(parts, state, arrays, extra)
   with timer('weight_sync'):
-    parts.sampler.update_weights(state.params)
+    parts.sampler.update_weights(state.params, version=index + 1)
   return state, phases.step_metrics(result, dict(update_metrics, **mismatch),
                                     timer, parts.sampler.last_sync,
-                                    parts.reward_weights), result
+                                    parts.reward_weights)
 
 
 def engines(config: Any, runtime: backend.Runtime,
@@ -292,10 +312,19 @@ def train(parts: Parts, heldout: dict[str, Any], workdir: str,
   as `evaluate_sets`), checkpoints), the final evaluation; returns the
   final state."""
   config, runtime, sampler = parts.config, parts.runtime, parts.sampler
+  if config.rl.max_staleness and runtime.process_count > 1:
+    raise UsageError('--config.rl.max_staleness needs one controller '
+                     '(Pathways or one process): in a multi-controller job '
+                     'every process must launch its device programs in the '
+                     'same order.')
   session = loop.Session(name, config, runtime, workdir, state, parts.data)
   if session.start:
-    sampler.update_weights(session.state.params)
+    sampler.update_weights(session.state.params, version=session.start)
   writer = session.writer
+  rollouts = asynchronous.Rollouts(
+      functools.partial(rollout_stages, parts), parts.data, session.start,
+      config.steps, config.rl.max_staleness,
+      threaded=runtime.process_count == 1)
 
   def stop_mid_step(index: int, data_state: dict[str, Any]) -> None:
     """A stop inside a step keeps the state before it with the data where
@@ -307,34 +336,44 @@ def train(parts: Parts, heldout: dict[str, Any], workdir: str,
   def evaluate_now(done: int) -> dict[str, float]:
     return writer.write(done, evaluate_fn(parts, heldout))
 
-  if config.eval_examples and session.start == 0:
-    evaluate_now(0)
-  with console.Progress(config.steps - session.start, name,
-                        enabled=runtime.is_coordinator) as bar:
-    announced = False
-    for index in range(session.start, config.steps):
-      done = index + 1
-      session.state, values, result = step_fn(
-          parts, session.state, index, preemption,
-          functools.partial(stop_mid_step, index, parts.data.state()))
-      synced = sampler.last_sync  # none while PPO's critic warms up
-      if synced and not announced and runtime.is_coordinator:
-        announced = True
-        print(f'{name}: weight sync by {synced.path}, '
-              f'{synced.bytes / 2**20:.1f} MiB in {synced.groups} groups',
-              flush=True)
-      loop.check_finite(values, config.optimizer.max_nonfinite_steps, done)
-      if done % config.log_every == 0 or done == config.steps:
-        writer.write(done, values)
-      if config.sample_every and done % config.sample_every == 0:
-        writer.samples(done, phases.samples(result, parts.tokenizer,
-                                            config.samples_per_log))
-      bar.update(loss=values['loss'], reward=values['reward_mean'])
-      if config.eval_every and done % config.eval_every == 0:
-        evaluate_now(done)
-      session.end_of_step(done, preemption)
+  try:
+    if config.eval_examples and session.start == 0:
+      evaluate_now(0)
+    data_state = None  # where the next rollout begins (None: not moved)
+    with console.Progress(config.steps - session.start, name,
+                          enabled=runtime.is_coordinator) as bar:
+      announced = False
+      for index in range(session.start, config.steps):
+        done, began = index + 1, time.perf_counter()
+        ready = rollouts.get(index)
+        session.state, values = step_fn(
+            parts, session.state, index, ready.result,
+            phases.Timer(rollout=ready.seconds), preemption,
+            functools.partial(stop_mid_step, index, ready.data_before))
+        rollouts.published(done)
+        data_state = ready.data_after
+        values.update(ready.metrics(index),
+                      **{'time/step': time.perf_counter() - began})
+        synced = sampler.last_sync  # none while PPO's critic warms up
+        if synced and not announced and runtime.is_coordinator:
+          announced = True
+          print(f'{name}: weight sync by {synced.path}, '
+                f'{synced.bytes / 2**20:.1f} MiB in {synced.groups} groups',
+                flush=True)
+        loop.check_finite(values, config.optimizer.max_nonfinite_steps, done)
+        if done % config.log_every == 0 or done == config.steps:
+          writer.write(done, values)
+        if config.sample_every and done % config.sample_every == 0:
+          writer.samples(done, phases.samples(ready.result, parts.tokenizer,
+                                              config.samples_per_log))
+        bar.update(loss=values['loss'], reward=values['reward_mean'])
+        if config.eval_every and done % config.eval_every == 0:
+          evaluate_now(done)
+        session.end_of_step(done, preemption, data_state)
+  finally:
+    rollouts.close()
 
-  session.save(config.steps)
+  session.save(config.steps, data_state)
   result = evaluate_now(config.steps) if config.eval_examples else {}
   session.close()
   if runtime.is_coordinator and result:

@@ -76,14 +76,16 @@ def critic_values(parts: grpo.Parts, critic: program.Program,
       critic.mesh, rules, parts.config.rl.logps_micro_batch_size))
 
 
-def step(parts: grpo.Parts, state: State, index: int, preemption: Preemption,
+def step(parts: grpo.Parts, state: State, index: int,
+         result: phases.Rollout, timer: phases.Timer, preemption: Preemption,
          stop: Callable[[], None], *, critic: program.Program,
-         values: Callable) -> tuple[State, dict[str, float], phases.Rollout]:
-  """One PPO step, phase by phase, with preemption checks between them."""
-  config, rl, timer = parts.config, parts.config.rl, phases.Timer()
+         values: Callable) -> tuple[State, dict[str, float]]:
+  """One PPO step on a scored rollout, phase by phase, with preemption
+  checks between them."""
+  config, rl = parts.config, parts.config.rl
   warming = index < config.critic.warmup_steps  # the critic trains alone
-  result, arrays, extra, mismatch = grpo.rollout_and_logps(
-      parts, state, index, preemption, stop, timer)
+  arrays, extra, mismatch = grpo.training_inputs(parts, state, result,
+                                                 preemption, stop, timer)
   with timer('values'):
     old_values = critic_values(parts, critic, values, state, arrays)
     # On the host only for the KL penalty in the token rewards.
@@ -107,7 +109,9 @@ def step(parts: grpo.Parts, state: State, index: int, preemption: Preemption,
         critic.mesh, config.sharding)
   with timer('weight_sync'):
     if not warming:
-      parts.sampler.update_weights(policy.params)
+      parts.sampler.update_weights(policy.params, version=index + 1)
+    else:  # the policy has not changed: the weights served are this step's
+      parts.sampler.version = index + 1
   mask = arrays['loss_mask'][:, 1:] * (arrays['weights'][:, None] > 0)
   mean = lambda x: float((x * mask).sum() / max(mask.sum(), 1))
   update_metrics.update(
@@ -119,7 +123,7 @@ def step(parts: grpo.Parts, state: State, index: int, preemption: Preemption,
   update_metrics.setdefault('loss', critic_metrics['loss'])
   return State(policy, critic_state), phases.step_metrics(
       result, update_metrics, timer, parts.sampler.last_sync,
-      parts.reward_weights), result
+      parts.reward_weights)
 
 
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,

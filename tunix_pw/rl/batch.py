@@ -34,6 +34,9 @@ class Group:
   # Per completion token, 1 where the loss applies; None: all of them (an
   # agent's episode trains on its model turns, not on the tool results).
   masks: list[list[int]] | None = None
+  # Per completion token, the version of the weights that produced it (an
+  # engine that takes new weights mid-generation); None: not recorded.
+  versions: list[list[int]] | None = None
 
   @property
   def informative(self) -> bool:
@@ -110,59 +113,101 @@ class Scorers:
 def rollout(sampler: Any, data: Iterator[list[dict[str, Any]]],
             tokenizer: Any, rl: Any, weights: dict[str, Any],
             sampling: Callable[[int], Any], scorers: Scorers = Scorers()
-            ) -> tuple[list[Group], list[float], dict[str, int]]:
-  """Groups for one step: generate, score (with the reward weights of each
-  prompt's dataset: `weights[prompt.get('dataset', '')]`), and with
-  dynamic sampling drop
-  groups of equal rewards and refill from new prompts, up to
-  `refill_rounds`; short of groups at the cap, the last group repeats with
-  weight 0. `sampling(round)` gives each round's settings; `scorers`, the
-  model-based scores the rewards read. Returns (groups, group weights,
-  counts)."""
-  kept, counts = [], dict(dropped=0, padded=0, rounds=0, reward_errors=0,
-                          generated=0)
+            ) -> Callable[[], tuple[list[Group], list[float], dict[str, int]]]:
+  """Groups for one step, in two stages: this call generates, the function
+  it returns scores (with the reward weights of each prompt's dataset:
+  `weights[prompt.get('dataset', '')]`) and returns (groups, group weights,
+  counts), so that a slow verifier can overlap the next generation. Dynamic
+  sampling scores here (it refills on scores): it drops groups of equal
+  rewards and refills from new prompts, up to `refill_rounds`; short of
+  groups at the cap, the last group repeats with weight 0.
+  `sampling(round)` gives each round's settings; `scorers`, the model-based
+  scores the rewards read."""
+  counts = dict(dropped=0, padded=0, rounds=0, reward_errors=0, generated=0)
+  generated = _generate(sampler, next(data), rl, sampling(0), counts)
+  if not rl.dynamic_sampling:
+    return lambda: _fill(
+        _score(generated, tokenizer, rl, weights, scorers, counts), rl,
+        counts)
+  kept = []
   while True:
-    prompts = next(data)
-    rows_prompts = [p['prompt'] for p in prompts
-                    for _ in range(rl.num_generations)]
-    out = sampler.generate(rows_prompts, sampling(counts['rounds']))
-    tokens, logprobs, lengths = fetch((out.tokens, out.logprobs,
-                                       out.lengths))
-    counts['generated'] += int(lengths.sum())
-    every = [tokens[r, :lengths[r]].tolist() for r in range(len(tokens))]
-    texts = [tokenizer.decode([t for t in c if t not in tokenizer.stop_ids])
-             for c in every]
-    prompt_texts = [tokenizer.decode(ids) for ids in rows_prompts]
-    fields = scorers(rows_prompts, every, prompt_texts, texts, counts)
-    for i, prompt in enumerate(prompts):
-      rows = range(i * rl.num_generations, (i + 1) * rl.num_generations)
-      completions = [every[r] for r in rows]
-      completion_logprobs = [logprobs[r, :lengths[r]].tolist() for r in rows]
-      truncated = [not c or c[-1] not in tokenizer.stop_ids
-                   for c in completions]
-      samples = [rewards_lib.Sample(
-          prompt=prompt_texts[r], completion=texts[r],
-          answer=prompt['answer'], length=len(c), budget=rl.max_new_tokens,
-          truncated=t, **fields[r])
-                 for r, c, t in zip(rows, completions, truncated)]
-      dataset = prompt.get('dataset', '')
-      total, per_fn, errors = rewards_lib.score(samples, weights[dataset],
-                                                rl.strict_rewards)
-      counts['reward_errors'] += errors
-      group = Group(prompt['prompt'], prompt['answer'], completions,
-                    truncated, total, per_fn, completion_logprobs, dataset)
-      if rl.dynamic_sampling and not group.informative:
-        counts['dropped'] += 1
-        continue
-      kept.append(group)
-    if (not rl.dynamic_sampling or len(kept) >= rl.prompts_per_step or
-        counts['rounds'] >= rl.refill_rounds):
+    groups = _score(generated, tokenizer, rl, weights, scorers, counts)
+    informative = [g for g in groups if g.informative]
+    counts['dropped'] += len(groups) - len(informative)
+    kept += informative
+    if len(kept) >= rl.prompts_per_step or counts['rounds'] >= (
+        rl.refill_rounds):
       break
     counts['rounds'] += 1
+    generated = _generate(sampler, next(data), rl,
+                          sampling(counts['rounds']), counts)
+  result = _fill(kept, rl, counts, filler=groups[-1])
+  return lambda: result
+
+
+@dataclasses.dataclass(frozen=True)
+class _Generated:
+  """One round's completions, as the sampler returned them."""
+
+  prompts: list[dict[str, Any]]
+  rows_prompts: list[list[int]]  # each prompt's ids, once per generation
+  completions: list[list[int]]  # through the stop token
+  logprobs: list[list[float]]
+  versions: list[list[int]] | None  # per token, when the engine records it
+
+
+def _generate(sampler: Any, prompts: list[dict[str, Any]], rl: Any,
+              sampling: Any, counts: dict[str, int]) -> _Generated:
+  rows_prompts = [p['prompt'] for p in prompts
+                  for _ in range(rl.num_generations)]
+  out = sampler.generate(rows_prompts, sampling)
+  tokens, logprobs, lengths = fetch((out.tokens, out.logprobs, out.lengths))
+  counts['generated'] += int(lengths.sum())
+  rows = lambda x: [x[r, :n].tolist() for r, n in enumerate(lengths)]
+  return _Generated(prompts, rows_prompts, rows(tokens), rows(logprobs),
+                    None if out.versions is None else rows(out.versions))
+
+
+def _score(generated: _Generated, tokenizer: Any, rl: Any,
+           weights: dict[str, Any], scorers: Scorers,
+           counts: dict[str, int]) -> list[Group]:
+  """A round's groups, each sample scored by its dataset's rewards."""
+  every = generated.completions
+  texts = [tokenizer.decode([t for t in c if t not in tokenizer.stop_ids])
+           for c in every]
+  prompt_texts = [tokenizer.decode(ids) for ids in generated.rows_prompts]
+  fields = scorers(generated.rows_prompts, every, prompt_texts, texts, counts)
+  groups = []
+  for i, prompt in enumerate(generated.prompts):
+    rows = range(i * rl.num_generations, (i + 1) * rl.num_generations)
+    completions = [every[r] for r in rows]
+    truncated = [not c or c[-1] not in tokenizer.stop_ids
+                 for c in completions]
+    samples = [rewards_lib.Sample(
+        prompt=prompt_texts[r], completion=texts[r], answer=prompt['answer'],
+        length=len(c), budget=rl.max_new_tokens, truncated=t, **fields[r])
+               for r, c, t in zip(rows, completions, truncated)]
+    dataset = prompt.get('dataset', '')
+    total, per_fn, errors = rewards_lib.score(samples, weights[dataset],
+                                              rl.strict_rewards)
+    counts['reward_errors'] += errors
+    groups.append(Group(
+        prompt['prompt'], prompt['answer'], completions, truncated, total,
+        per_fn, [generated.logprobs[r] for r in rows], dataset,
+        versions=generated.versions and [generated.versions[r]
+                                         for r in rows]))
+  return groups
+
+
+def _fill(kept: list[Group], rl: Any, counts: dict[str, int],
+          filler: Group | None = None
+          ) -> tuple[list[Group], list[float], dict[str, int]]:
+  """The step's `prompts_per_step` groups: `kept`, then (static shapes)
+  its last group (or `filler`) repeated with weight 0."""
   kept = kept[:rl.prompts_per_step]
   group_weights = [1.0] * len(kept)
-  while len(kept) < rl.prompts_per_step:  # static shapes: zero-weight filler
-    kept.append(kept[-1] if kept else group)
+  while len(kept) < rl.prompts_per_step:
+    kept.append(kept[-1] if kept else filler)
     group_weights.append(0.0)
     counts['padded'] += 1
   return kept, group_weights, counts

@@ -170,6 +170,16 @@ def tis_weights(trainer_logp, rollout_logp, mask, cap: float):
   return jnp.minimum(jnp.exp(trainer_logp - rollout_logp), cap) * mask
 
 
+def mis_weights(trainer_logp, rollout_logp, mask, threshold: float):
+  """Masked importance sampling at the sequence level (Liu et al. 2025,
+  "When Speed Kills Stability"): a sequence's ratio rho = prod_t
+  pi_old / pi_rollout over its sampled tokens weights each of its tokens'
+  loss, and a sequence with rho above `threshold` is masked out whole
+  (a stale or mismatched sample is rejected, not truncated)."""
+  rho = jnp.exp(((trainer_logp - rollout_logp) * mask).sum(-1, keepdims=True))
+  return jnp.where(rho <= threshold, rho, 0.0) * mask
+
+
 def mismatch(trainer_logp, rollout_logp, mask) -> dict[str, jax.Array]:
   """How far the rollout engine's token log-probabilities are from the
   trainer's: KL(pi_rollout || pi_old) by the k3 estimator over the sampled

@@ -51,8 +51,8 @@ def rl_loss(model, batch, rng, *, rl: Any, distill: Any = None,
   old = batch.get('old_logps', jax.lax.stop_gradient(logp))
   per_token, clipped = registry.get('policy_loss', rl.policy_loss)(
       logp, old, batch['advantages'], mask, rl.eps_low, rl.eps_high)
-  if 'tis_weights' in batch:  # the rollout engine's tokens, reweighted
-    per_token = per_token * batch['tis_weights']
+  if 'is_weights' in batch:  # the rollout engine's tokens, reweighted
+    per_token = per_token * batch['is_weights']
   kl = jnp.zeros_like(logp)
   if 'ref_logps' in batch and not rl.get('kl_in_reward', False):
     kl = registry.get('kl', rl.kl)(logp, batch['ref_logps'])

@@ -1,8 +1,9 @@
 """An RL step as phases, each a small function over explicit inputs:
 
-  rollout   generate G completions per prompt on the rollout mesh, score
-            them (scoring runs inside the rollout: dynamic sampling decides
-            on scores which groups to replace)
+  rollout   generate G completions per prompt on the rollout mesh, then
+            score them (dynamic sampling scores as it generates: it
+            decides on scores which groups to replace); `rl/asynchronous.py`
+            runs it on threads, ahead of the update
   batch     advantages and the training arrays, on the actor mesh
   logps     the frozen reference's and the rollout policy's log-probs,
             and how far the rollout engine's are from the trainer's
@@ -70,14 +71,16 @@ def sampling(rl: Any, seed: int = 0) -> SamplingConfig:
 
 def rollout(sampler: Any, data: Any, tokenizer: Any, rl: Any,
             reward_weights: Any, seed: int, step: int,
-            scorers: batch_lib.Scorers = batch_lib.Scorers()) -> Rollout:
-  """The step's scored groups (with the model-based scores of `scorers`);
-  each refill round samples with its own seed."""
-  groups, weights, counts = batch_lib.rollout(
+            scorers: batch_lib.Scorers = batch_lib.Scorers()
+            ) -> Callable[[], Rollout]:
+  """Generates the step's groups and returns the function that scores them
+  (with the model-based scores of `scorers`) into its Rollout; each refill
+  round samples with its own seed."""
+  score = batch_lib.rollout(
       sampler, data, tokenizer, rl, reward_weights,
       lambda rounds: sampling(rl, seed * 1_000_003 + step * 101 + rounds),
       scorers)
-  return Rollout(groups, weights, counts)
+  return lambda: Rollout(*score())
 
 
 def on_mesh(arrays: dict[str, Any], mesh: Any, rules: Any) -> dict[str, Any]:
@@ -112,19 +115,29 @@ def rollout_correction(result: Rollout, arrays: dict[str, np.ndarray],
                        old_logps: jax.Array | None, rl: Any
                        ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
   """The rollout engine's log-probabilities against the trainer's at
-  rollout time (`old_logps`): mismatch metrics, and with
-  --config.rl.tis_cap each token's truncated importance weight."""
-  if old_logps is None or not (rl.tis_cap or rl.mismatch_metrics):
+  rollout time (`old_logps`; an asynchronous rollout's engine served an
+  older policy): mismatch metrics, and each token's importance weight,
+  truncated (--config.rl.tis_cap) or masked per sequence
+  (--config.rl.mis_threshold)."""
+  if old_logps is None or not (rl.tis_cap or rl.mis_threshold or
+                               rl.mismatch_metrics):
     return {}, {}
   old = fetch(old_logps)
   rollout = batch_lib.rollout_logps(result.groups, old.shape[1] + 1)
   mask = arrays['loss_mask'][:, 1:] * (arrays['weights'][:, None] > 0)
   values = {k: float(v) for k, v in
             fetch(functions.mismatch(old, rollout, mask)).items()}
-  if not rl.tis_cap:
+  if rl.mis_threshold:
+    weights = np.asarray(functions.mis_weights(old, rollout, mask,
+                                               rl.mis_threshold))
+    live = mask.any(-1)
+    values['mis_masked'] = float(
+        (live & ~weights.any(-1)).sum() / max(live.sum(), 1))
+  elif rl.tis_cap:
+    weights = functions.tis_weights(old, rollout, mask, rl.tis_cap)
+  else:
     return {}, values
-  weights = functions.tis_weights(old, rollout, mask, rl.tis_cap)
-  return {'tis_weights': np.asarray(weights, np.float32)}, values
+  return {'is_weights': np.asarray(weights, np.float32)}, values
 
 
 def to_actor(extra: dict[str, jax.Array], actor_mesh: Any, rules: Any,

@@ -80,15 +80,22 @@ def needed_keys(rl: Any) -> tuple[str, ...]:
   reference's log-probabilities (for the KL term; on-policy distillation's
   teacher's, for its advantages), the trainer's at rollout
   time (when a rollout feeds several updates, to compare with the rollout
-  engine's, or for PPO's KL reward penalty), and truncated importance
-  weights."""
+  engine's, or for PPO's KL reward penalty), and importance weights (TIS
+  or MIS)."""
   samples = rl.prompts_per_step * rl.num_generations
   kl_reward = rl.kl_beta and rl.get('kl_in_reward', False)  # PPO's
   distill = rl.advantage == phases.DISTILL  # the teacher's, the student's
   return (('ref_logps',) if rl.kl_beta or distill else ()) + (
       ('old_logps',) if rl.num_iterations > 1 or rl.mini_batch_size < samples
-      or rl.tis_cap or rl.mismatch_metrics or kl_reward or distill
-      else ()) + (('tis_weights',) if rl.tis_cap else ())
+      or importance_weighted(rl) or rl.mismatch_metrics or kl_reward
+      or distill else ()) + (
+          ('is_weights',) if importance_weighted(rl) else ())
+
+
+def importance_weighted(rl: Any) -> bool:
+  """Whether each token's loss carries an importance weight of the trainer's
+  against the rollout engine's probabilities (TIS or MIS)."""
+  return bool(rl.tis_cap or rl.mis_threshold)
 
 
 @dataclasses.dataclass(frozen=True)

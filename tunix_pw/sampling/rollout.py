@@ -52,12 +52,16 @@ class Completions:
 
   tokens, logprobs, mask: [B, N]; lengths: [B]. `mask` covers the generated
   tokens, the stop token included; `logprobs` is the model's log-softmax
-  (temperature 1) at each generated token."""
+  (temperature 1) at each generated token; `versions` [B, N] (host), the
+  version of the weights that produced each token (an engine that takes
+  new weights between decode chunks), or None: all the version it started
+  from."""
 
   tokens: jax.Array
   logprobs: jax.Array
   mask: jax.Array
   lengths: jax.Array
+  versions: Any = None
 
 
 class RolloutEngine(Protocol):
@@ -66,5 +70,5 @@ class RolloutEngine(Protocol):
                sampling: SamplingConfig) -> Completions:
     ...
 
-  def update_weights(self, params: Any) -> None:
+  def update_weights(self, params: Any, version: int | None = None) -> None:
     ...

@@ -6,6 +6,12 @@ when every row has hit a stop token or its budget. Prompt lengths and token
 budgets round up to buckets (powers of two from 16), so varying lengths do
 not recompile. On a rollout mesh the batch is sharded over the data axes and
 heads over tensor axes, by the same logical rules as training.
+
+Partial rollouts (`decode_chunk`): the decode loop runs `decode_chunk` steps
+per call instead, and each call serves the newest weights, so weights that
+arrive mid-generation (asynchronous RL) take over without dropping the
+sequences in flight; every token records the version of the weights that
+produced it.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 import functools
 import math
+import threading
 from typing import Any
 
 from flax import nnx
@@ -38,8 +45,12 @@ class Sampler:
                eos_ids: Sequence[int], mesh: Mesh | None = None,
                rules: Any = None, runtime: backend.Runtime | None = None,
                max_cache: int | None = None,
-               sync_budget: reshard.Budget = reshard.Budget()):
+               sync_budget: reshard.Budget = reshard.Budget(),
+               decode_chunk: int = 0):
     self.graphdef, self.params = nnx.split(model)
+    self.version = 0  # of the weights served (update_weights' `version`)
+    self._serving = threading.Lock()  # params and version change together
+    self.decode_chunk = decode_chunk  # 0: the whole decode loop in one call
     self.cfg = model.cfg
     self.cache_dtype = model.dtype
     self.pad_id, self.eos_ids = pad_id, tuple(eos_ids)
@@ -48,14 +59,19 @@ class Sampler:
     self.max_cache = max_cache or self.cfg.max_position
     self.traces = 0  # compilations of the generate program, for tests
     self.last_sync: reshard.Stats | None = None
-    self._generate = jax.jit(self._program, static_argnames=(
-        'cache_size', 'top_k', 'use_top_p', 'greedy'))
+    statics = ('cache_size', 'top_k', 'use_top_p', 'greedy')
+    self._generate = jax.jit(self._program, static_argnames=statics)
+    self._prefill = jax.jit(self._start, static_argnames=('cache_size',))
+    self._decode_chunk = jax.jit(self._continue, static_argnames=statics,
+                                 donate_argnums=(1,))
 
   # ------------------------------------------------------------ weights
 
-  def update_weights(self, params: nnx.State) -> None:
+  def update_weights(self, params: nnx.State,
+                     version: int | None = None) -> None:
     """Serve `params` (all of them, or a subset such as LoRA adapters):
-    moved onto this engine's shardings by the runtime's reshard."""
+    moved onto this engine's shardings by the runtime's reshard; `version`
+    (the policy's step) tags the tokens they produce."""
     current = dict(self.params.flat_state())
     incoming = dict(params.flat_state())
     missing = [p for p in incoming if p not in current]
@@ -72,7 +88,14 @@ class Sampler:
       # The previous weights are freed once nobody else holds them (the
       # engine may share them with the model it was built from).
       current[path] = current[path].replace(value)
-    self.params = nnx.from_flat_state(list(current.items()))
+    with self._serving:
+      self.params = nnx.from_flat_state(list(current.items()))
+      self.version = self.version if version is None else version
+
+  def serving(self) -> tuple[nnx.State, int]:
+    """The weights served now and their version."""
+    with self._serving:
+      return self.params, self.version
 
   # ------------------------------------------------------------- sample
 
@@ -96,13 +119,40 @@ class Sampler:
                 prompt_len - np.array(lengths)[:, None]).astype(np.int32)
     positions = np.maximum(np.cumsum(segments, axis=1) - 1, 0)
     put = self._put_batch
-    out = self._generate(self.params, put(tokens), put(positions),
-                         put(segments), *self._scalars(sampling),
+    rows = put(tokens), put(positions), put(segments)
+    if self.decode_chunk:
+      return self._generate_in_chunks(rows, sampling, cache_size)
+    out = self._generate(self.serving()[0], *rows, *self._scalars(sampling),
                          cache_size=cache_size,
                          **self._statics(sampling))
     n = sampling.max_new_tokens
     tokens, logprobs, mask, lengths = out
     return Completions(tokens[:, :n], logprobs[:, :n], mask[:, :n], lengths)
+
+  def _generate_in_chunks(self, rows: tuple[jax.Array, ...],
+                          sampling: SamplingConfig,
+                          cache_size: int) -> Completions:
+    """The decode loop `decode_chunk` steps per call, each with the
+    weights served when it starts (partial rollouts)."""
+    max_new, stops, temperature, top_p, key = self._scalars(sampling)
+    params, version = self.serving()
+    state = self._prefill(params, *rows, key, cache_size=cache_size)
+    n = sampling.max_new_tokens
+    versions = np.zeros((len(rows[0]), n), np.int32)
+    for start in range(0, n, self.decode_chunk):
+      if start:
+        params, version = self.serving()
+      state = self._decode_chunk(
+          params, state, np.int32(start + self.decode_chunk), max_new, stops,
+          temperature, top_p, cache_size=cache_size,
+          **self._statics(sampling))
+      versions[:, start:start + self.decode_chunk] = version
+      if bool(jax.device_get(jnp.all(state[6]))):  # every row stopped
+        break
+    tokens, logprobs, lengths = state[3], state[4], state[5]
+    mask = jnp.arange(tokens.shape[1])[None] < lengths[:, None]
+    return Completions(tokens[:, :n], logprobs[:, :n], mask[:, :n], lengths,
+                       versions)
 
   def lower(self, batch: int, prompt_length: int,
             sampling: SamplingConfig) -> jax.stages.Lowered:
@@ -157,10 +207,9 @@ class Sampler:
       return jnp.asarray(x)
     return jax.device_put(x, self._batch_sharding(x.shape))
 
-  def _program(self, params, tokens, positions, segments, max_new, stops,
-               temperature, top_p, key, *, cache_size, top_k, use_top_p,
-               greedy) -> tuple[jax.Array, ...]:
-    self.traces += 1  # runs once per compilation (tracing), not per call
+  def _start(self, params, tokens, positions, segments, key, *,
+             cache_size) -> tuple[Any, ...]:
+    """The prefill: the decode loop's state before its first step."""
     model = nnx.merge(self.graphdef, params)
     shard = Sharder(self.mesh, self.rules)
     batch, prompt_len = tokens.shape
@@ -171,16 +220,30 @@ class Sampler:
         v=jax.tree.map(lambda a: shard(a, *_KV_AXES), cache.v))
     logits, cache = model(tokens, positions, segments, cache, 0, shard=shard,
                           last_only=True)
-    next_position = positions[:, -1] + 1
     # Every step's random numbers at once: one per row and step, drawn
     # outside the loop (a few KB; the loop then runs no generator).
     uniforms = jax.random.uniform(key, (budget, batch))
+    return (jnp.int32(0), cache, logits[:, -1],
+            jnp.full((batch, budget), self.pad_id, jnp.int32),
+            jnp.zeros((batch, budget), jnp.float32),
+            jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool),
+            positions[:, -1] + 1, uniforms)
+
+  def _continue(self, params, state, until, max_new, stops, temperature,
+                top_p, *, cache_size, top_k, use_top_p,
+                greedy) -> tuple[Any, ...]:
+    """One-token decode steps from `state` until step `until`, `max_new`
+    or every row's stop."""
+    model = nnx.merge(self.graphdef, params)
+    shard = Sharder(self.mesh, self.rules)
+    next_position, uniforms = state[7], state[8]
+    prompt_len = cache_size - uniforms.shape[0]
     pick = functools.partial(decoding.sample, temperature=temperature,
                              top_p=top_p, top_k=top_k, use_top_p=use_top_p,
                              greedy=greedy)
 
     def body(state):
-      step, cache, last, out_tokens, out_logprobs, lengths, done = state
+      step, cache, last, out_tokens, out_logprobs, lengths, done = state[:7]
       token = pick(last, uniforms[step]).astype(jnp.int32)
       logprob = jnp.take_along_axis(jax.nn.log_softmax(last), token[:, None],
                                     axis=-1)[:, 0]
@@ -195,19 +258,27 @@ class Sampler:
                             live.astype(jnp.int32)[:, None], cache,
                             prompt_len + step, shard=shard)
       return (step + 1, cache, logits[:, 0], out_tokens, out_logprobs,
-              lengths, done)
+              lengths, done) + state[7:]
 
     def cond(state):
       step, done = state[0], state[6]
-      return (step < max_new) & ~jnp.all(done)
+      return (step < jnp.minimum(until, max_new)) & ~jnp.all(done)
 
-    init = (jnp.int32(0), cache, logits[:, -1],
-            jnp.full((batch, budget), self.pad_id, jnp.int32),
-            jnp.zeros((batch, budget), jnp.float32),
-            jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool))
-    _, _, _, out_tokens, out_logprobs, lengths, _ = jax.lax.while_loop(
-        cond, body, init)
-    mask = jnp.arange(budget)[None] < lengths[:, None]
+    return jax.lax.while_loop(cond, body, state)
+
+  def _program(self, params, tokens, positions, segments, max_new, stops,
+               temperature, top_p, key, *, cache_size, top_k, use_top_p,
+               greedy) -> tuple[jax.Array, ...]:
+    """The whole generation in one program: the prefill and the decode
+    loop to the end."""
+    self.traces += 1  # runs once per compilation (tracing), not per call
+    state = self._start(params, tokens, positions, segments, key,
+                        cache_size=cache_size)
+    state = self._continue(params, state, max_new, max_new, stops,
+                           temperature, top_p, cache_size=cache_size,
+                           top_k=top_k, use_top_p=use_top_p, greedy=greedy)
+    out_tokens, out_logprobs, lengths = state[3], state[4], state[5]
+    mask = jnp.arange(out_tokens.shape[1])[None] < lengths[:, None]
     return out_tokens, out_logprobs, mask, lengths
 
 

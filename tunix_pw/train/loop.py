@@ -119,9 +119,13 @@ class Session:
     self.checkpointer.save(step, self.state, self.data.state()
                            if data_state is None else data_state)
 
-  def end_of_step(self, done: int, preemption: Preemption) -> None:
-    end_of_step(done, self.config.checkpoint.every, self.save,
-                self.checkpointer, preemption)
+  def end_of_step(self, done: int, preemption: Preemption,
+                  data_state: Any = None) -> None:
+    """The checkpoint cadence and the preemption check, with the data
+    position now (or `data_state`)."""
+    end_of_step(done, self.config.checkpoint.every,
+                lambda step: self.save(step, data_state), self.checkpointer,
+                preemption)
 
   def close(self) -> None:
     self.checkpointer.close()
