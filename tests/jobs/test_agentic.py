@@ -30,11 +30,13 @@ PULSE = ['--config=tunix_pw/configs/agentic.py:runlocal',
 
 def test_warm_up_then_agentic_steps(tmp_path):
   """With two attempts, every training episode practising from a wrong
-  first answer (scripted: the calculator called, its result misquoted)."""
+  first answer (scripted: the calculator called, its result misquoted);
+  episodes collected asynchronously, up to one step ahead."""
   result = helpers.run_main(*PULSE, '--config.agentic.agent.max_turns=4',
                             '--config.agentic.agent.attempts=2',
                             '--config.agentic.agent.practice=1.0',
                             '--config.agentic.rl.max_prompt_length=384',
+                            '--config.agentic.rl.max_staleness=1',
                             f'--workdir={tmp_path}', timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   logged = metrics.read(str(tmp_path / 'agentic'))
@@ -45,6 +47,7 @@ def test_warm_up_then_agentic_steps(tmp_path):
     assert 0 <= m['well_formed_calls'] <= 1 and m['weight'] > 0
     assert m['practice_starts'] == 8 and m['wrong_answers'] >= 8
     assert 'over_budget' not in m
+    assert m['staleness'] <= 1 and m['time/trainer_wait'] >= 0
   evals = [m for m in logged if 'eval/accuracy' in m]
   assert [m['step'] for m in evals] == [0, 2]
   assert all(m['eval/total'] == 8 and 'eval/practice_starts' not in m

@@ -220,6 +220,33 @@ def test_update_weights_serves_new_parameters(model, tmp_path):
   assert sampler.generate(PROMPTS, greedy).tokens.shape == (3, 10)
 
 
+def test_partial_rollouts_take_new_weights_between_chunks(model, tmp_path):
+  """Decoding 4 tokens per call equals one loop while the weights stay;
+  weights served mid-generation produce the later chunks (as a run on them
+  from that point would), and every token records its weights' version."""
+  hf_models.make('gemma2', str(tmp_path), seed=5)
+  other, _ = checkpoints.load(str(tmp_path))
+  greedy = SamplingConfig(max_new_tokens=10, greedy=True)
+  whole = Sampler(model, pad_id=0, eos_ids=()).generate(PROMPTS, greedy)
+  chunked = Sampler(model, pad_id=0, eos_ids=(), decode_chunk=4)
+  out = chunked.generate(PROMPTS, greedy)
+  np.testing.assert_array_equal(out.tokens, whole.tokens)
+  np.testing.assert_allclose(out.logprobs, whole.logprobs, atol=1e-5)
+  assert (out.versions == 0).all()
+  # The new weights arrive while the first chunk decodes.
+  serving, calls = chunked.serving, []
+  def serve():
+    calls.append(1)
+    if len(calls) == 2:
+      chunked.update_weights(nnx.state(other), version=7)
+    return serving()
+  chunked.serving = serve
+  out = chunked.generate(PROMPTS, greedy)
+  assert (out.versions[:, :4] == 0).all() and (out.versions[:, 4:] == 7).all()
+  np.testing.assert_array_equal(out.tokens[:, :4], whole.tokens[:, :4])
+  assert not np.array_equal(out.tokens[:, 4:], whole.tokens[:, 4:])
+
+
 def test_bad_inputs_are_usage_errors(model):
   sampler = Sampler(model, pad_id=0, eos_ids=(), max_cache=32)
   with pytest.raises(UsageError, match='prompt 1 is empty'):
