@@ -128,9 +128,12 @@ EXPORTS = {
             '--config.eval_examples=0'],
     'dpo': ['--config.batch_size=8', '--config.data.max_length=24',
             '--config.eval_batch_size=8'],
+    # Partial credit: a random model's completions then score differently
+    # (all-wrong groups have no advantage, and nothing would change).
     'grpo': ['--config.rl.prompts_per_step=4', '--config.rl.num_generations=2',
              '--config.rl.mini_batch_size=8', '--config.rl.micro_batch_size=8',
              '--config.rl.logps_micro_batch_size=8',
+             '--config.rl.rewards=digits:1.0,format:0.1,overlong:0.5',
              '--config.rl.max_new_tokens=4', '--config.eval_examples=0',
              '--config.checkpoint.every=0'],
 }
