@@ -5,4 +5,6 @@ import sys
 import pytest
 
 if __name__ == '__main__':
-  sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', *sys.argv[1:]]))
+  # One file per Bazel test, in this process (no xdist workers).
+  sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-n', '0',
+                        *sys.argv[1:]]))
