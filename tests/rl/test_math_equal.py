@@ -1,8 +1,10 @@
 """The math_equal reward: final answers equal by value, not by spelling
 (and not equal when they differ), each check within a time limit."""
 
+import threading
 import time
 
+import psutil
 import pytest
 
 from tunix_pw.rl import math_equal, rewards
@@ -58,6 +60,23 @@ def test_the_reward_on_samples():
   assert rewards.math_equal(sample('We get \\boxed{0.5}', '\\frac{1}{2}')) == 1
   assert rewards.math_equal(sample('The answer is 1,000', '1000')) == 1
   assert rewards.math_equal(sample('\\boxed{3}', '4')) == 0
+
+
+def test_the_limits_hold_off_the_main_thread_and_memory_stays_out():
+  """On the scoring thread of asynchronous RL (no signals there), a slow
+  check still times out; a memory blow-up ends in the helper process."""
+  outcome = []
+  thread = threading.Thread(target=lambda: outcome.append(pytest.raises(
+      TimeoutError, math_equal.equal, '(x+1)^(10^6)', 'x', time_limit_s=0.2)))
+  start = time.monotonic()
+  thread.start()
+  thread.join(timeout=10)
+  assert outcome and time.monotonic() - start < 5
+  before = psutil.Process().memory_info().rss
+  with pytest.raises(MemoryError):  # given the time, it outgrows its cap
+    math_equal.equal('(x+1)^(10^6)', 'x', time_limit_s=60)
+  assert psutil.Process().memory_info().rss - before < 100 * 2**20
+  assert math_equal.equal('\\frac{1}{2}', '0.5')  # a fresh helper
 
 
 def test_a_slow_check_times_out_and_is_counted_by_the_reward(monkeypatch):

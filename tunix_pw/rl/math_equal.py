@@ -8,14 +8,21 @@ words, percent signs, degrees, thousands separators, a leading `x =`);
 `equal` compares the normalised strings, then the numbers, then, through
 sympy, the expressions (simple LaTeX: `\\frac`, `\\sqrt`, `^`, `\\cdot`,
 `\\pi`), within a time limit (TimeoutError past it: the reward machinery
-counts it and scores 0).
+counts it and scores 0). sympy runs in a helper process of its own, with
+its memory capped: neither a signal nor a thread can stop a long C-level
+step (an expansion of `(x+1)^(10^6)` grew a test process to 22 GB), and
+rewards run on the scoring thread of asynchronous RL, where no signal
+arrives.
 """
 
 from __future__ import annotations
 
-import contextlib
+import json
 import re
-import signal
+import resource
+import select
+import subprocess
+import sys
 import threading
 
 import sympy
@@ -84,24 +91,71 @@ def _to_python(s: str) -> str:
   return s.replace('{', '(').replace('}', ')').replace('\\', '')
 
 
-@contextlib.contextmanager
-def _time_limit(seconds: float):
-  """Raises TimeoutError in the block after `seconds` (main thread only,
-  where rewards run; elsewhere no limit)."""
-  if threading.current_thread() is not threading.main_thread():
-    yield
-    return
+MEMORY_BYTES = 1 << 30  # the helper's address space
 
-  def expire(signum, frame):
-    raise TimeoutError(f'the equivalence check took over {seconds} s')
 
-  previous = signal.signal(signal.SIGALRM, expire)
-  signal.setitimer(signal.ITIMER_REAL, seconds)
+class _Helper:
+  """The helper process: started on first use, replaced after a timeout
+  or a crash; one check at a time."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._proc: subprocess.Popen | None = None
+
+  def equal(self, a: str, b: str, seconds: float) -> bool:
+    with self._lock:
+      if self._proc is None:  # its start (sympy's import) is not timed
+        self._proc = subprocess.Popen(
+            [sys.executable, '-c',
+             'from tunix_pw.rl import math_equal; math_equal.serve()'],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._proc.stdout.readline()
+      self._proc.stdin.write(json.dumps([a, b]) + '\n')
+      self._proc.stdin.flush()
+      if not select.select([self._proc.stdout], [], [], seconds)[0]:
+        self._stop()
+        raise TimeoutError(f'the equivalence check took over {seconds} s')
+      line = self._proc.stdout.readline()
+      if not line:
+        self._stop()
+        raise RuntimeError('the equivalence check crashed')
+      verdict = json.loads(line)
+      if verdict is None:
+        raise MemoryError('the equivalence check ran out of memory')
+      return verdict
+
+  def _stop(self) -> None:
+    self._proc.kill()
+    self._proc.wait()
+    self._proc = None
+
+
+_helper = _Helper()
+
+
+def serve() -> None:
+  """The helper's loop: a JSON pair per line in, `true`/`false` (or `null`
+  out of memory) per line out."""
+  resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
+  print('ready', flush=True)
+  for line in sys.stdin:
+    try:
+      verdict = _sympy_equal(*json.loads(line))
+    except MemoryError:
+      verdict = None
+    print(json.dumps(verdict), flush=True)
+
+
+def _sympy_equal(a: str, b: str) -> bool:
   try:
-    yield
-  finally:
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    signal.signal(signal.SIGALRM, previous)
+    left, right = (sympy_parser.parse_expr(_to_python(s),
+                                           transformations=_TRANSFORMS,
+                                           evaluate=True) for s in (a, b))
+    return bool(sympy.simplify(left - right) == 0)
+  except MemoryError:
+    raise
+  except Exception:  # pylint: disable=broad-exception-caught
+    return False  # not an expression sympy reads: not equal
 
 
 def _number(s: str) -> float | None:
@@ -123,13 +177,6 @@ def equal(answer: str, reference: str,
   x, y = _number(a), _number(b)
   if x is not None and y is not None:
     return abs(x - y) <= 1e-6 * max(1.0, abs(y))
-  try:
-    with _time_limit(time_limit_s or TIME_LIMIT_S):
-      left, right = (sympy_parser.parse_expr(_to_python(s),
-                                             transformations=_TRANSFORMS,
-                                             evaluate=True) for s in (a, b))
-      return bool(sympy.simplify(left - right) == 0)
-  except TimeoutError:
-    raise  # the reward counts it as an error and scores 0
-  except Exception:  # pylint: disable=broad-exception-caught
-    return False  # not an expression sympy reads: not equal
+  # A timeout or a memory blow-up raises: the reward counts it as an error
+  # and scores 0.
+  return _helper.equal(a, b, time_limit_s or TIME_LIMIT_S)
