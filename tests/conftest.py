@@ -1,12 +1,15 @@
 """Test setup: JAX on CPU with 8 virtual devices, before JAX starts."""
 
+import json
 import os
+import subprocess
 import sys
 
 os.environ['JAX_PLATFORMS'] = 'cpu'  # libtpu may be installed (test extra)
 # Make the repository root importable (launch/, benchmarks/).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import filelock  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -19,35 +22,39 @@ jax.config.update('jax_num_cpu_devices', 8)
 def trained_sft(tmp_path_factory):
   """A tiny model SFT-trained on 2-digit additions (1,000 steps, one
   device, about 90 s): the completed run and its workdir, shared by the
-  tests that need a model that is often right."""
-  workdir = tmp_path_factory.mktemp('trained_sft')
-  result = helpers.run_main(
-      '--config=tunix_pw/configs/sft.py:runlocal',
-      '--config.runtime.host_device_count=1',
-      '--config.meshes.actor.axes=fsdp=1', '--config.steps=1000',
-      '--config.log_every=100', '--config.checkpoint.every=0',
-      f'--workdir={workdir}', timeout=600)
-  return result, workdir
+  tests that need a model that is often right. Under xdist the first
+  worker to need it trains it and the others wait for it (a file lock in
+  the run's shared temporary directory)."""
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get('PYTEST_XDIST_WORKER'):
+    root = root.parent  # shared by this run's workers
+  workdir, record = root / 'trained_sft', root / 'trained_sft.json'
+  with filelock.FileLock(str(root / 'trained_sft.lock')):
+    if not record.exists():
+      result = helpers.run_main(
+          '--config=tunix_pw/configs/sft.py:runlocal',
+          '--config.runtime.host_device_count=1',
+          '--config.meshes.actor.axes=fsdp=1', '--config.steps=1000',
+          '--config.log_every=100', '--config.checkpoint.every=0',
+          f'--workdir={workdir}', timeout=600)
+      record.write_text(json.dumps(dict(
+          returncode=result.returncode, stdout=result.stdout,
+          stderr=result.stderr)))
+  return subprocess.CompletedProcess(
+      args=(), **json.loads(record.read_text())), workdir
 
 
-# The suite runs on 2 xdist workers (pyproject.toml's addopts): each test
-# file is one unit of work, so that its module fixtures are built once, and
-# the files that share `trained_sft` are one unit together; the longest
-# units (measured: about 370, 290, 195, 165, 150 and 60 s alone) go first,
-# so that no worker runs a long one alone at the end.
-TRAINED_SFT = ('tests/jobs/test_trainers.py', 'tests/jobs/test_reward_model.py',
-               'tests/rl/test_judge.py')
-LONGEST = ('trained_sft', 'tests/jobs/test_grpo.py',
+# The suite runs on 2 xdist workers (pyproject.toml's addopts), each test
+# file whole on one of them, so that its module fixtures are built once;
+# the longest files (measured: about 290, 195, 165, 150 and 125 s alone) go
+# first, so that no worker runs a long one alone at the end, the one that
+# trains `trained_sft` first of all (the others that share it come later).
+LONGEST = ('tests/jobs/test_reward_model.py', 'tests/jobs/test_grpo.py',
            'tests/test_compile_only.py', 'tests/jobs/test_distill.py',
-           'tests/jobs/test_demo.py', 'tests/jobs/test_golden.py')
+           'tests/jobs/test_demo.py', 'tests/jobs/test_trainers.py')
 
 
 def pytest_collection_modifyitems(items):
-  def group(item):
-    path = item.nodeid.split('::')[0]
-    return 'trained_sft' if path in TRAINED_SFT else path
-
-  for item in items:
-    item.add_marker(pytest.mark.xdist_group(group(item)))
-  items.sort(key=lambda item: LONGEST.index(group(item))
-             if group(item) in LONGEST else len(LONGEST))
+  rank = lambda item: item.nodeid.split('::')[0]
+  items.sort(key=lambda item: LONGEST.index(rank(item))
+             if rank(item) in LONGEST else len(LONGEST))
