@@ -57,14 +57,7 @@ def validate(config: Any) -> None:
   if rl.tis_cap and rl.mis_threshold:
     raise UsageError('--config.rl.tis_cap and mis_threshold are two ways to '
                      'weight the same tokens: set one of them.')
-  if rl.max_staleness < 0 or rl.decode_chunk < 0:
-    raise UsageError(f'--config.rl.max_staleness={rl.max_staleness} and '
-                     f'decode_chunk={rl.decode_chunk} must be at least 0 (0: '
-                     'synchronous; one decode loop).')
-  if rl.max_staleness and config.meshes.layout != 'disaggregated':
-    raise UsageError('--config.rl.max_staleness overlaps the rollout with '
-                     'the update, which needs the rollout on devices of its '
-                     "own: use --config.meshes.layout='disaggregated'.")
+  asynchronous.check(config)
   kinds = [('policy_loss', rl.policy_loss), ('aggregation', rl.aggregation),
            ('kl', rl.kl)]
   if rl.advantage not in phases.PER_TOKEN:

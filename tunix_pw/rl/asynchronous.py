@@ -37,7 +37,22 @@ from typing import Any
 
 import numpy as np
 
+from tunix_pw.errors import UsageError
 from tunix_pw.rl import phases
+
+
+def check(config: Any) -> None:
+  """The asynchronous settings: bounds, and a layout with something to
+  overlap."""
+  rl = config.rl
+  if rl.max_staleness < 0 or rl.decode_chunk < 0:
+    raise UsageError(f'--config.rl.max_staleness={rl.max_staleness} and '
+                     f'decode_chunk={rl.decode_chunk} must be at least 0 (0: '
+                     'synchronous; one decode loop).')
+  if rl.max_staleness and config.meshes.layout != 'disaggregated':
+    raise UsageError('--config.rl.max_staleness overlaps the rollout with '
+                     'the update, which needs the rollout on devices of its '
+                     "own: use --config.meshes.layout='disaggregated'.")
 
 
 @dataclasses.dataclass(frozen=True)
