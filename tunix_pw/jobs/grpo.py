@@ -305,11 +305,7 @@ def train(parts: Parts, heldout: dict[str, Any], workdir: str,
   as `evaluate_sets`), checkpoints), the final evaluation; returns the
   final state."""
   config, runtime, sampler = parts.config, parts.runtime, parts.sampler
-  if config.rl.max_staleness and runtime.process_count > 1:
-    raise UsageError('--config.rl.max_staleness needs one controller '
-                     '(Pathways or one process): in a multi-controller job '
-                     'every process must launch its device programs in the '
-                     'same order.')
+  asynchronous.check_controllers(config, runtime.process_count)
   session = loop.Session(name, config, runtime, workdir, state, parts.data)
   if session.start:
     sampler.update_weights(session.state.params, version=session.start)
@@ -372,7 +368,6 @@ def train(parts: Parts, heldout: dict[str, Any], workdir: str,
   if runtime.is_coordinator and result:
     print(evaluate.summary(name, result))
   return session.state
-
 
 
 def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):

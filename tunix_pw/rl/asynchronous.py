@@ -55,6 +55,15 @@ def check(config: Any) -> None:
                      "own: use --config.meshes.layout='disaggregated'.")
 
 
+def check_controllers(config: Any, process_count: int) -> None:
+  """Threads need one controller (module docstring)."""
+  if config.rl.max_staleness and process_count > 1:
+    raise UsageError('--config.rl.max_staleness needs one controller '
+                     '(Pathways or one process): in a multi-controller job '
+                     'every process must launch its device programs in the '
+                     'same order.')
+
+
 @dataclasses.dataclass(frozen=True)
 class Ready:
   """A step's scored rollout, with where it came from."""
