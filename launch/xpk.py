@@ -13,7 +13,9 @@ exit 42 and a termination grace long enough for a checkpoint. `--dry_run`
 stops there and prints the manifest's path; otherwise the manifest is
 applied with kubectl, so what was inspected is what runs. Pathways manifests
 get the restart policy XPK leaves out of them (max restarts, exit 42 on the
-head pod, its termination grace).
+head pod, its termination grace), and every bucket the flags name as
+`/gcs/BUCKET/...` (workdir, data, checkpoints) is mounted there with GCS
+FUSE in the pods that run the job.
 """
 
 from __future__ import annotations
@@ -176,26 +178,54 @@ def _xpk_binary() -> str:
   return beside if os.path.exists(beside) else 'xpk'
 
 
-def patch_pathways(manifest: str, max_restarts: int, grace: int) -> None:
-  """Restarts for a Pathways JobSet: XPK's leaves them out. The head pod
-  (our controller) exiting 42 fails its job, which the JobSet recreates up
-  to `max_restarts` times; any other failing exit code fails the JobSet."""
+def fuse_buckets(args: list[str]) -> list[str]:
+  """The buckets the run's flags reach through GCS FUSE (`/gcs/BUCKET/...`)."""
+  return sorted({m.group(1) for arg in args
+                 for m in re.finditer(r'(?:^|=)/gcs/([^/\s]+)', arg)})
+
+
+def patch(manifest: str, xpk_config: dict[str, Any], grace: int,
+          buckets: list[str]) -> None:
+  """What XPK's rendering leaves out. Pathways JobSets get their restarts:
+  the head pod (our controller) exiting 42 fails its job, which the JobSet
+  recreates up to `max_restarts` times; any other failing exit code fails
+  the JobSet. The pods that run `tunix_pw.main` (the Pathways head, or
+  every multi-controller host) mount each bucket at /gcs/BUCKET with the
+  GKE GCS FUSE CSI driver."""
   import yaml  # pylint: disable=g-import-not-at-top
   with open(manifest) as f:
     documents = list(yaml.safe_load_all(f))
   jobset = next(d for d in documents if d and d.get('kind') == 'JobSet')
   spec = jobset['spec']
-  spec['failurePolicy'] = dict(
-      spec.get('failurePolicy') or {}, maxRestarts=max_restarts,
-      rules=[{'action': 'FailJobSet',
-              'onJobFailureReasons': ['PodFailurePolicy']}])
-  head = next(j for j in spec['replicatedJobs']
-              if j['name'] == 'pathways-head')['template']['spec']
-  head['podFailurePolicy'] = {'rules': [{
-      'action': 'FailJob', 'onExitCodes': {
-          'containerName': 'jax-tpu', 'operator': 'NotIn',
-          'values': RESTART_CODES}}]}
-  head['template']['spec']['terminationGracePeriodSeconds'] = grace
+  pathways = xpk_config['mode'] == 'pathways'
+  job = next(j for j in spec['replicatedJobs'] if j['name'] == (
+      'pathways-head' if pathways else 'slice-job'))['template']['spec']
+  pod = job['template']
+  if pathways:
+    spec['failurePolicy'] = dict(
+        spec.get('failurePolicy') or {}, maxRestarts=xpk_config['max_restarts'],
+        rules=[{'action': 'FailJobSet',
+                'onJobFailureReasons': ['PodFailurePolicy']}])
+    job['podFailurePolicy'] = {'rules': [{
+        'action': 'FailJob', 'onExitCodes': {
+            'containerName': 'jax-tpu', 'operator': 'NotIn',
+            'values': RESTART_CODES}}]}
+    pod['spec']['terminationGracePeriodSeconds'] = grace
+  if buckets:
+    metadata = pod.setdefault('metadata', {})
+    metadata['annotations'] = dict(metadata.get('annotations') or {},
+                                   **{'gke-gcsfuse/volumes': 'true'})
+    [container] = [c for c in pod['spec']['containers']
+                   if c['name'] == 'jax-tpu']
+    for bucket in buckets:
+      name = 'gcs-' + re.sub(r'[^a-z0-9-]', '-', bucket.lower())[:59]
+      pod['spec'].setdefault('volumes', []).append({
+          'name': name, 'csi': {
+              'driver': 'gcsfuse.csi.storage.gke.io',
+              'volumeAttributes': {'bucketName': bucket,
+                                   'mountOptions': 'implicit-dirs'}}})
+      container.setdefault('volumeMounts', []).append(
+          {'name': name, 'mountPath': f'/gcs/{bucket}'})
   with open(manifest, 'w') as f:
     yaml.safe_dump_all(documents, f, sort_keys=False)
 
@@ -218,21 +248,24 @@ def launch(argv: list[str]) -> str:
   workdir = tunix_main.WORKDIR.value
   if '://' in workdir or not os.path.isabs(workdir):
     raise UsageError(f'--workdir={workdir!r} must be an absolute path that '
-                     'outlives the pods (restarts resume from it): mount the '
-                     'bucket with GCS FUSE and pass e.g. /gcs/bucket/run '
+                     'outlives the pods (restarts resume from it): pass e.g. '
+                     '/gcs/BUCKET/run, which the pods mount with GCS FUSE '
                      '(metrics and stage directories use local file APIs).')
   grace, grace_note = termination_grace(config, xpk_config)
-  command = shlex.join(['python', '-m', 'tunix_pw.main'] + job_flags(argv))
+  run_flags = job_flags(argv)
+  command = shlex.join(['python', '-m', 'tunix_pw.main'] + run_flags)
   workload = workload_name(config)
   manifest = _MANIFEST.value or os.path.join(
       tempfile.mkdtemp(prefix='tunix_pw_xpk_'), f'{workload}.yaml')
   _run(xpk_command(xpk_config, workload, command, grace, manifest),
        'xpk (rendering the manifest)')
-  if xpk_config['mode'] == 'pathways':
-    patch_pathways(manifest, xpk_config['max_restarts'], grace)
+  buckets = fuse_buckets(run_flags)
+  patch(manifest, xpk_config, grace, buckets)
   print(f'{workload}: {xpk_config["num_slices"]} x {xpk_config["tpu_type"]} '
         f'({xpk_config["mode"]}), termination grace {grace_note}\n'
-        f'  command: {command}', flush=True)
+        f'  command: {command}'
+        + ''.join(f'\n  mounts gs://{b} at /gcs/{b} (GCS FUSE)'
+                  for b in buckets), flush=True)
   if not _DRY_RUN.value:
     _run(['gcloud', 'container', 'clusters', 'get-credentials',
           xpk_config['cluster'], f'--project={xpk_config["project"]}',

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -45,7 +46,8 @@ def test_dry_run_renders_the_jobset(tmp_path, name):
   ours = jobs['pathways-head' if pathways else 'slice-job']
   workers = spec['replicatedJobs'][[*jobs].index(
       'worker' if pathways else 'slice-job')]
-  pod = ours['template']['spec']
+  pod = dict(ours['template']['spec'],
+             metadata=ours['template'].get('metadata') or {})
   [container] = [c for c in pod['containers'] if c['name'] == 'jax-tpu']
   script = container['command'][-1]
   assert ('python -m tunix_pw.main --config=tunix_pw/configs/grpo.py:'
@@ -62,6 +64,19 @@ def test_dry_run_renders_the_jobset(tmp_path, name):
   assert pod['terminationGracePeriodSeconds'] >= infra[
       'termination_grace_seconds']
   assert workers['replicas'] == infra['num_slices']
+  assert fuse_mounts(pod, container) == {'/gcs/bucket': 'bucket'}
+
+
+def fuse_mounts(pod: dict, container: dict) -> dict[str, str]:
+  """{mount path: bucket} of the container's GCS FUSE CSI volumes, the
+  pod annotated for GKE's GCS FUSE sidecar."""
+  volumes = {v['name']: v['csi']['volumeAttributes']['bucketName']
+             for v in pod.get('volumes') or []
+             if v.get('csi', {}).get('driver') == 'gcsfuse.csi.storage.gke.io'}
+  assert not volumes or pod['metadata']['annotations'][
+      'gke-gcsfuse/volumes'] == 'true'
+  return {m['mountPath']: volumes[m['name']]
+          for m in container.get('volumeMounts') or [] if m['name'] in volumes}
 
 
 def restarts_on_42(job_spec: dict) -> bool:
@@ -125,7 +140,7 @@ def test_a_bad_xpk_config_fails_before_xpk(tmp_path, change, message):
      "--workdir='runs/r1' must be an absolute path"),
     (['--config=tunix_pw/configs/grpo.py:gemma2-2b',
       '--config.data.name=arithmetic', '--workdir=gs://b/r'],
-     'mount the bucket with GCS FUSE'),
+     'which the pods mount with GCS FUSE'),
 ])
 def test_the_run_config_is_validated_first(tmp_path, args, message):
   manifest = tmp_path / 'm.yaml'
@@ -136,3 +151,42 @@ def test_the_run_config_is_validated_first(tmp_path, args, message):
   [line] = error_lines(result.stderr)
   assert message in line
   assert not manifest.exists()
+
+
+def readme_commands(section: str) -> list[str]:
+  """The commands of the README section's sh blocks, as a user pastes them
+  (continuation lines joined)."""
+  text = open(os.path.join(ROOT, 'README.md')).read()
+  body = text.split(f'\n## {section}\n', 1)[1].split('\n## ', 1)[0]
+  blocks = re.findall(r'```sh\n(.*?)```', body, re.S)
+  return [' '.join(line.split()) for block in blocks
+          for line in re.sub(r'\\\n', ' ', block).splitlines()
+          if line.strip()]
+
+
+def test_the_readme_launch_commands_run_as_written(tmp_path):
+  commands = readme_commands('Launching on a real cluster')
+  # What cannot run here: docker (no daemon), pip (the test extra has
+  # installed the launch extra), the compile-only checks (minutes of
+  # compiling each; tests/test_compile_only.py runs the machinery).
+  rendered = [c for c in commands if c.startswith('python launch/xpk.py')]
+  assert rendered and all(
+      c.startswith(('docker ', "pip install -e '.[launch]'",
+                    'JAX_PLATFORMS=cpu python -m tunix_pw.main '))
+      for c in commands if c not in rendered)
+  bin_dir = os.path.dirname(sys.executable)  # `python` is the test's
+  for command in rendered:
+    result = subprocess.run(
+        command, shell=True, cwd=ROOT, capture_output=True, text=True,
+        env=env(HOME=str(tmp_path), PATH=f'{bin_dir}:{os.environ["PATH"]}'),
+        timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    [manifest] = re.findall(r'^manifest: (.*)$', result.stdout, re.M)
+    head = jobset(manifest)['spec']['replicatedJobs'][0]['template']
+    assert head['spec']['podFailurePolicy']  # Pathways: restarts on 42
+    pod = dict(head['spec']['template']['spec'],
+               metadata=head['spec']['template']['metadata'])
+    [container] = [c for c in pod['containers'] if c['name'] == 'jax-tpu']
+    assert command.split('--dry_run')[0].split('.yaml ')[1].strip() in \
+        ' '.join(container['command'][-1].split())
+    assert fuse_mounts(pod, container) == {'/gcs/BUCKET': 'BUCKET'}
