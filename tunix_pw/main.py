@@ -153,36 +153,49 @@ def _flat(tree: Any, prefix: str = '') -> dict[str, Any]:
 
 def _shape_defining(config: dict[str, Any]) -> dict[str, Any]:
   """The fields a checkpoint depends on, in a job or a pipeline's stages:
-  the job and stages, the model, LoRA, the optimizer's kind (its state's
-  structure) and the mesh shapes."""
+  the job and stages, the model, LoRA and the optimizer's kind (its state's
+  structure). Meshes are not among them: a checkpoint restores into any."""
 
   def defining(key: str) -> bool:
     parts = key.split('.')
     return (parts[-1] in ('job', 'stages') and len(parts) <= 2 or
             'model' in parts or 'lora' in parts or
-            parts[-2:] == ['optimizer', 'name'] or
-            ('meshes' in parts and parts[-1] == 'axes'))
+            parts[-2:] == ['optimizer', 'name'])
 
   return {k: v for k, v in _flat(config).items() if defining(k)}
 
 
-def check_resume(config: ml_collections.ConfigDict, workdir: epath.Path):
-  """Refuses to resume into a workdir whose snapshot differs in shape."""
+def _placement(config: dict[str, Any]) -> dict[str, Any]:
+  """The fields that place a job on devices: meshes and virtual devices."""
+  return {k: v for k, v in _flat(config).items()
+          if 'meshes' in k.split('.') or k.endswith('host_device_count')}
+
+
+def check_resume(config: ml_collections.ConfigDict,
+                 workdir: epath.Path) -> str:
+  """Refuses to resume into a workdir whose snapshot differs in shape; the
+  placement changes since the snapshot, in words ('' when none)."""
   snapshot = workdir / workdir_lib.CONFIG
   if not snapshot.exists():
-    return
+    return ''
   try:
-    before = _shape_defining(json.loads(snapshot.read_text()))
+    before = json.loads(snapshot.read_text())
   except (OSError, ValueError) as e:
     raise UsageError(f'--workdir={workdir}: unreadable config snapshot '
                      f'{snapshot} ({e}); use a new --workdir.') from None
-  now = _shape_defining(json.loads(config.to_json_best_effort()))
-  for key in sorted(set(before) | set(now)):
-    if before.get(key) != now.get(key):
-      raise UsageError(
-          f'--config.{key}={now.get(key)!r} differs from {before.get(key)!r} '
-          f'in the snapshot of --workdir={workdir}, so its checkpoints cannot '
-          'resume; use the same value or a new --workdir.')
+  now = json.loads(config.to_json_best_effort())
+  for key, old, new in _changes(_shape_defining(before), _shape_defining(now)):
+    raise UsageError(
+        f'--config.{key}={new!r} differs from {old!r} in the snapshot of '
+        f'--workdir={workdir}, so its checkpoints cannot resume; use the '
+        'same value or a new --workdir.')
+  return ', '.join(f'{key} {old!r} -> {new!r}' for key, old, new in
+                   _changes(_placement(before), _placement(now)))
+
+
+def _changes(before: dict[str, Any], now: dict[str, Any]):
+  return [(k, before.get(k), now.get(k)) for k in sorted(set(before) | set(now))
+          if before.get(k) != now.get(k)]
 
 
 def static_checks(config: ml_collections.ConfigDict):
@@ -214,8 +227,7 @@ def main(argv: Sequence[str]) -> None:
       return
     job = static_checks(config)
     workdir = epath.Path(WORKDIR.value or '.')
-    if WORKDIR.value:
-      check_resume(config, workdir)
+    moved = check_resume(config, workdir) if WORKDIR.value else ''
     if config.runtime.compilation_cache_dir and not _CHECK_ONLY.value:
       jax.config.update('jax_compilation_cache_dir',
                         config.runtime.compilation_cache_dir)
@@ -228,6 +240,8 @@ def main(argv: Sequence[str]) -> None:
     if runtime.is_coordinator:
       print(f'{runtime.describe()}; meshes: {role_meshes.describe()}',
             flush=True)
+      if moved:
+        print(f'resuming {workdir} on a new placement: {moved}', flush=True)
     if _CHECK_ONLY.value:
       if runtime.is_coordinator:
         print(f'check_only: the {config.job} config is valid on these '

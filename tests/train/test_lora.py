@@ -85,7 +85,7 @@ def test_lora_checkpoints_hold_adapters_only(tmp_path):
   checkpointer = Checkpointer(str(tmp_path))
   checkpointer.save(3, state, {'grain': {}})
   checkpointer.close()
-  restored, _, step = Checkpointer(str(tmp_path)).restore(state)
+  restored, _, step, _ = Checkpointer(str(tmp_path)).restore(state)
   assert step == 3
   saved = ['/'.join(map(str, p)) for p, _ in restored.params.flat_state()]
   assert saved and all('_lora_' in p for p in saved)

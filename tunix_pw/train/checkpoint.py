@@ -3,7 +3,8 @@
 Each checkpoint holds the train state (trainable parameters, optimizer
 state, step, RNG) and the data position: every process's data state merged
 into one (each process reads its own data shards), which any number of
-processes restores. Saves are
+processes restores, with the devices and processes that wrote it. Any mesh
+restores it (Orbax reads each array into the job's shardings). Saves are
 asynchronous (the device-to-host copy happens before `save` returns, the
 writing in the background) and the last `keep` are kept. Orbax finalises a
 checkpoint atomically, so a crash mid-save leaves no complete-looking step;
@@ -29,6 +30,11 @@ import orbax.checkpoint as ocp
 from tunix_pw import workdir as workdir_lib
 from tunix_pw.errors import UsageError
 
+TOPOLOGY = '_topology'  # in the data item: who wrote the checkpoint
+
+
+def topology() -> dict[str, int]:
+  return dict(devices=jax.device_count(), processes=jax.process_count())
 
 
 def _abstract(tree: Any) -> Any:
@@ -61,13 +67,16 @@ class Checkpointer:
     self._saved.add(step)
     self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
-        data=ocp.args.JsonSave(_merged(data_state))),
+        data=ocp.args.JsonSave(dict(_merged(data_state),
+                                    **{TOPOLOGY: topology()}))),
                       force=True)
 
-  def restore(self, like: Any) -> tuple[Any, dict[str, Any], int] | None:
+  def restore(self, like: Any) -> tuple[Any, dict[str, Any], int,
+                                         dict[str, int]] | None:
     """The newest checkpoint that restores into the shardings of `like` (a
     state of arrays or ShapeDtypeStructs) on every process, with the merged
-    data state; None when there is none. Raises UsageError when
+    data state, its step and the topology that wrote it ({} if unrecorded);
+    None when there is none. Raises UsageError when
     checkpoints exist but none restores."""
     _check_every_process_holds(like)
     target, problems = _abstract(like), []
@@ -87,7 +96,8 @@ class Checkpointer:
           logging.warning('%s: resuming from step %d; newer checkpoints are '
                           'unreadable (%s)', self.directory, step,
                           '; '.join(problems))
-        return restored.state, restored.data, step
+        data = dict(restored.data)
+        return restored.state, data, step, data.pop(TOPOLOGY, {})
     if problems:
       raise UsageError(
           f'{self.directory} holds checkpoints, but none restores into this '

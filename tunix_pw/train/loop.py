@@ -18,6 +18,7 @@ from tunix_pw.runtime.fetch import fetch
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.throttle import InflightThrottler
 from tunix_pw.train import metrics
+from tunix_pw.train import checkpoint as checkpoint_lib
 from tunix_pw.train.checkpoint import Checkpointer
 from tunix_pw.train.step import TrainState
 
@@ -29,10 +30,14 @@ def resume(checkpointer: Checkpointer, state: Any, data: Any, name: str,
   restored = checkpointer.restore(state)
   if restored is None:
     return state, 0
-  state, data_state, step = restored
+  state, data_state, step, written = restored
   data.restore(data_state)
   if announce:
-    print(f'{name}: resumed from step {step}', flush=True)
+    now = checkpoint_lib.topology()
+    moved = (f' (written on {written["devices"]} devices by '
+             f'{written["processes"]} processes; now {now["devices"]} and '
+             f'{now["processes"]})' if written and written != now else '')
+    print(f'{name}: resumed from step {step}{moved}', flush=True)
   return state, step
 
 
