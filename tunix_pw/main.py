@@ -33,6 +33,7 @@ from tunix_pw.errors import UsageError
 from tunix_pw.runtime import backend, meshes
 from tunix_pw.runtime.preemption import EXIT_PREEMPTED, Preempted, Preemption
 from tunix_pw.runtime.preemption import watch_sigterm
+from tunix_pw.train import goodput
 
 CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file and optional arg: path.py[:arg].',
@@ -202,6 +203,8 @@ def static_checks(config: ml_collections.ConfigDict):
   job = jobs.get(config.job)
   meshes.check(config.meshes)  # the job's (a pipeline's stages have theirs)
   job.validate(config)
+  if 'steps' in config and 'profile_steps' in config.get('runtime', {}):
+    goodput.profile_window(config.runtime.profile_steps, config.steps)
   if not WORKDIR.value and not _COMPILE_TOPOLOGY.value and not (
       _CHECK_ONLY.value):
     raise UsageError('--workdir is required (checkpoints, metrics and the '

@@ -21,6 +21,8 @@ def runtime(host_device_count: int = 0) -> ml_collections.ConfigDict:
   reshard_group_mib: bytes a weight transfer stages at once, in MiB.
   peer_timeout_s: multi-controller: how long processes wait for a peer
     (connecting, heartbeats) before the job ends with an error.
+  profile_steps: a JAX profiler trace of these steps to <workdir>/profile
+    ('5': step 5, '5:8': steps 5-7; '': none).
   """
   return ml_collections.ConfigDict(dict(
       host_device_count=host_device_count,
@@ -29,6 +31,7 @@ def runtime(host_device_count: int = 0) -> ml_collections.ConfigDict:
       max_inflight=2,
       reshard_group_mib=256,
       peer_timeout_s=300,
+      profile_steps='',
   ))
 
 

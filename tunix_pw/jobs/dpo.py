@@ -264,14 +264,14 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
 
   @functools.cache  # the last step may be an eval_every step too
   def evaluate(done: int) -> dict[str, float]:
-    return session.writer.write(done, pairwise_accuracy(
+    return session.evaluated(done, lambda: pairwise_accuracy(
         algorithm,
         lambda batch: policy_logps(nnx.state(policy.model(
             session.state.params)), pipeline.place(batch, mesh, rules)),
         reference_logps, heldout))
 
   def step(index: int) -> tuple[Any, int]:
-    host = next(data)
+    host = session.batch()
     batch = pipeline.place(host, mesh, rules)
     if reference is not None:
       for side, logps in zip(sides(algorithm), reference(

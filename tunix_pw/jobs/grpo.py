@@ -319,21 +319,23 @@ def train(parts: Parts, heldout: dict[str, Any], workdir: str,
     """A stop inside a step keeps the state before it with the data where
     the step began: the resumed run redoes the step as it would have run."""
     session.save(index, data_state)
-    session.checkpointer.wait()
+    session.wait()
 
   @functools.cache  # the last step may be an eval_every step too
   def evaluate_now(done: int) -> dict[str, float]:
-    return writer.write(done, evaluate_fn(parts, heldout))
+    return session.evaluated(done, lambda: evaluate_fn(parts, heldout))
 
   try:
     if config.eval_examples and session.start == 0:
       evaluate_now(0)
     data_state = None  # where the next rollout begins (None: not moved)
     with console.Progress(config.steps - session.start, name,
-                          enabled=runtime.is_coordinator) as bar:
+                          enabled=runtime.is_coordinator) as bar, (
+                              session.goodput.training()):
       announced = False
       for index in range(session.start, config.steps):
         done, began = index + 1, time.perf_counter()
+        session.profiler.before(done)
         ready = rollouts.get(index)
         session.state, values = step_fn(
             parts, session.state, index, ready.result,

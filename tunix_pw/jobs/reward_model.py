@@ -153,11 +153,11 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
 
   @functools.cache  # the last step may be an eval_every step too
   def evaluate(done: int) -> dict[str, float]:
-    return session.writer.write(done, pairwise_accuracy(
+    return session.evaluated(done, lambda: pairwise_accuracy(
         config, margins, mesh, session.state.params, heldout))
 
   def step(index: int) -> tuple[Any, int]:
-    host = next(data)
+    host = session.batch()
     session.state, step_metrics = model_program.train_step(
         session.state, pipeline.place(host, mesh, rules))
     done = index + 1

@@ -146,11 +146,11 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   @functools.cache  # the last step may be an eval_every step too
   def evaluate_now(step: int) -> dict[str, float]:
     sampler.update_weights(session.state.params)
-    return session.writer.write(step, evaluation())
+    return session.evaluated(step, evaluation)
 
   def step(index: int) -> tuple[Any, int]:
     del index
-    host = next(data)
+    host = session.batch()
     batch = pipeline.place(host, mesh, rules)
     if targets:
       batch.update(targets(host))

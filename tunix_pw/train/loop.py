@@ -19,6 +19,7 @@ from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.throttle import InflightThrottler
 from tunix_pw.train import metrics
 from tunix_pw.train import checkpoint as checkpoint_lib
+from tunix_pw.train import goodput as goodput_lib
 from tunix_pw.train.checkpoint import Checkpointer
 from tunix_pw.train.step import TrainState
 
@@ -83,7 +84,7 @@ def check_finite(values: dict[str, float], limit: int, step: int) -> None:
 
 
 def end_of_step(done: int, every: int, save: Callable[[int], None],
-                checkpointer: Checkpointer, preemption: Preemption) -> None:
+                checkpointer: Any, preemption: Preemption) -> None:
   """Checkpoint every `every` steps; the preemption check (a checkpoint,
   then exit 42)."""
   if every and done % every == 0:
@@ -109,8 +110,13 @@ class Session:
                                      config.checkpoint.async_save)
     self.state, self.start = resume(self.checkpointer, state, data, name,
                                     runtime.is_coordinator)
+    self.last = self.start
     self.writer = metrics.Writer(workdir, runtime.is_coordinator)
-    self.writer.resume(self.start)
+    self.goodput = goodput_lib.Goodput(self.writer.resume(self.start))
+    self.profiler = goodput_lib.Profiler(
+        goodput_lib.profile_window(config.runtime.profile_steps,
+                                   config.steps),
+        workdir, runtime.is_coordinator)
 
   def save(self, step: int, data_state: Any = None) -> None:
     """A checkpoint of `state` at `step`, with the data position now (or
@@ -121,20 +127,46 @@ class Session:
         lambda x: jnp.isfinite(x).all(), s.params)) for s in trained])):
       raise UsageError(f'the parameters at step {step} hold NaN or inf: not '
                        'checkpointing them (the last checkpoint is kept).')
-    self.checkpointer.save(step, self.state, self.data.state()
-                           if data_state is None else data_state)
+    with self.goodput.lost('checkpoints'):
+      self.checkpointer.save(step, self.state, self.data.state()
+                             if data_state is None else data_state)
+    self.last = step
+
+  def batch(self) -> Any:
+    """The next batch of the data, its wait counted."""
+    with self.goodput.lost('data'):
+      return next(self.data)
+
+  def evaluated(self, step: int, evaluate: Callable[[], dict[str, Any]]
+                ) -> dict[str, float]:
+    """`evaluate()`'s metrics, timed and written at `step`."""
+    with self.goodput.lost('evaluation'):
+      return self.writer.write(step, evaluate())
+
+  def wait(self) -> None:
+    """Until the checkpoints being written are."""
+    with self.goodput.lost('checkpoints'):
+      self.checkpointer.wait()
 
   def end_of_step(self, done: int, preemption: Preemption,
                   data_state: Any = None) -> None:
     """The checkpoint cadence and the preemption check, with the data
     position now (or `data_state`)."""
+    self.profiler.after(done, self.state)
+    self.last = done
     end_of_step(done, self.config.checkpoint.every,
-                lambda step: self.save(step, data_state), self.checkpointer,
+                lambda step: self.save(step, data_state), self,
                 preemption)
 
   def close(self) -> None:
+    """Waits for the last checkpoint; writes and prints the goodput."""
+    self.wait()
     self.checkpointer.close()
+    values, line = self.goodput.summary(self.name)
+    self.writer.write(self.last, values)
     self.writer.close()
+    if self.runtime.is_coordinator:
+      print(line, flush=True)
 
 
 def run_steps(session: Session, preemption: Preemption,
@@ -152,13 +184,15 @@ def run_steps(session: Session, preemption: Preemption,
     tracker = Tracker(session.writer, bar, config.log_every, config.steps,
                       config.runtime.max_inflight,
                       config.optimizer.max_nonfinite_steps)
-    for index in range(session.start, config.steps):
-      step_metrics, tokens = step_fn(index)
-      done = index + 1
-      tracker.add(done, step_metrics, tokens, shown=shown)
-      if stop_after(done):
-        tracker.throttler.wait_for_all()
-        return done
-      session.end_of_step(done, preemption)
-  tracker.throttler.wait_for_all()
+    with session.goodput.training():
+      for index in range(session.start, config.steps):
+        session.profiler.before(index + 1)
+        step_metrics, tokens = step_fn(index)
+        done = index + 1
+        tracker.add(done, step_metrics, tokens, shown=shown)
+        if stop_after(done):
+          tracker.throttler.wait_for_all()
+          return done
+        session.end_of_step(done, preemption)
+      tracker.throttler.wait_for_all()
   return config.steps

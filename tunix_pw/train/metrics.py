@@ -52,17 +52,20 @@ class Writer:
       self._tb.flush()
     return values
 
-  def resume(self, step: int) -> None:
+  def resume(self, step: int) -> float:
     """Keeps the records up to `step`, the checkpoint a run resumes from
     (none when it starts from scratch): the steps after it are redone. A
-    torn last line goes too; the file is replaced whole."""
+    torn last line goes too; the file is replaced whole. Returns the
+    seconds the earlier run spent on the steps to redo (0 if unknown)."""
     if not self.enabled or not os.path.exists(self.path):
-      return
-    kept = [json.dumps(r) + '\n' for r in read_file(self.path)
+      return 0.0
+    records = read_file(self.path)
+    kept = [json.dumps(r) + '\n' for r in records
             if step and r.get('step', 0) <= step]
     with open(self.path + '.tmp', 'w') as f:
       f.writelines(kept)
     os.replace(self.path + '.tmp', self.path)
+    return redone_seconds(records, step)
 
   def samples(self, step: int, records: list[dict[str, Any]]) -> None:
     """Sample records to <workdir>/samples.jsonl (one line each, with the
@@ -82,6 +85,17 @@ class Writer:
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
+
+
+def redone_seconds(records: list[dict[str, float]], step: int) -> float:
+  """The time logged records spent on the steps after `step`: their count
+  times the median step time they logged."""
+  after = [r for r in records if r.get('step', 0) > step]
+  times = sorted(r.get('step_seconds', r.get('time/step')) for r in after
+                 if 'step_seconds' in r or 'time/step' in r)
+  if not times:
+    return 0.0
+  return (max(r['step'] for r in after) - step) * times[len(times) // 2]
 
 
 def read(workdir: str) -> list[dict[str, float]]:

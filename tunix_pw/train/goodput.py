@@ -1,0 +1,132 @@
+"""Where a run's time goes: goodput (productive step time over wall time)
+with the time lost to compilation, checkpoints, data waits, evaluation,
+start-up and restarts; and a JAX profiler trace of chosen steps.
+
+Productive time is the training loop's time less what it lost inside it.
+Wall time runs from when the job's modules loaded; a resumed run adds the
+steps it redoes (those its predecessor did after the checkpoint it
+resumes from), which are lost twice over: counted in the denominator, not
+the numerator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import Any, Iterator
+
+import jax
+
+from tunix_pw import workdir as workdir_lib
+from tunix_pw.errors import UsageError
+
+_START = time.perf_counter()
+# Tracing, lowering and XLA compilation, as JAX reports them.
+_COMPILE_EVENTS = ('/jax/core/compile/jaxpr_trace_duration',
+                   '/jax/core/compile/jaxpr_to_mlir_module_duration',
+                   '/jax/core/compile/backend_compile_duration')
+_LISTENERS: list[Any] = []
+
+
+def _on_event(event: str, duration: float, **kwargs) -> None:
+  del kwargs
+  if event in _COMPILE_EVENTS:
+    for goodput in _LISTENERS:
+      goodput.add('compilation', duration)
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_event)
+
+
+class Goodput:
+  """One run's time accounting; `summary` ends it."""
+
+  def __init__(self, redone_s: float = 0.0):
+    self.lost_s = dict(compilation=0.0, checkpoints=0.0, data=0.0,
+                       evaluation=0.0)
+    self.redone_s, self.loop_s, self._inside = redone_s, 0.0, None
+    _LISTENERS.append(self)
+
+  def add(self, kind: str, seconds: float) -> None:
+    self.lost_s[kind] += seconds
+    if self._inside is not None:
+      self._inside += seconds
+
+  @contextlib.contextmanager
+  def lost(self, kind: str) -> Iterator[None]:
+    """Time in the block is lost to `kind` (compilation in it is counted
+    as compilation)."""
+    began, compiled = time.perf_counter(), self.lost_s['compilation']
+    try:
+      yield
+    finally:
+      self.add(kind, time.perf_counter() - began -
+               (self.lost_s['compilation'] - compiled))
+
+  @contextlib.contextmanager
+  def training(self) -> Iterator[None]:
+    """The training loop: its time, less what it lost, is productive."""
+    began, self._inside = time.perf_counter(), 0.0
+    try:
+      yield
+    finally:
+      self.loop_s += time.perf_counter() - began - self._inside
+      self._inside = None
+
+  def summary(self, name: str) -> tuple[dict[str, float], str]:
+    """The goodput metrics and their one-line summary."""
+    if self in _LISTENERS:
+      _LISTENERS.remove(self)
+    wall = time.perf_counter() - _START
+    startup = max(wall - self.loop_s - sum(self.lost_s.values()), 0.0)
+    goodput = self.loop_s / (wall + self.redone_s)
+    lost = dict(self.lost_s, other=startup, restarts=self.redone_s)
+    values = {'goodput': goodput, 'goodput/wall_s': wall,
+              'goodput/productive_s': self.loop_s,
+              **{f'goodput/{k}_s': v for k, v in lost.items()}}
+    line = (f'{name}: goodput {goodput:.1%} of {wall + self.redone_s:.1f} s '
+            f'(productive steps {self.loop_s:.1f} s; lost: ' + ', '.join(
+                f'{k} {v:.1f} s' for k, v in lost.items()) + ')')
+    return values, line
+
+
+def profile_window(spec: str, steps: int) -> range:
+  """The steps (1-based) of `--config.runtime.profile_steps` ('5', '5:8':
+  steps 5, 6 and 7; '' none)."""
+  if not spec:
+    return range(0)
+  try:
+    first, _, end = spec.partition(':')
+    window = range(int(first), int(end) if end else int(first) + 1)
+  except ValueError:
+    window = range(0)
+  if not window or window.start < 1 or window.stop - 1 > steps:
+    raise UsageError(f'--config.runtime.profile_steps={spec!r} must be a '
+                     f'step N or steps N:M (M excluded) within 1..{steps}.')
+  return window
+
+
+class Profiler:
+  """A JAX profiler trace (TensorBoard and Perfetto) of the steps in
+  `window`, written to <workdir>/profile on the coordinator."""
+
+  def __init__(self, window: range, workdir: str, enabled: bool):
+    self.window, self.enabled, self.active = window, enabled, False
+    self.directory = workdir_lib.path(workdir, workdir_lib.PROFILE)
+
+  def before(self, step: int) -> None:
+    """Before step `step` (1-based) runs (a resumed run traces the rest of
+    the window)."""
+    if self.enabled and step in self.window and not self.active:
+      os.makedirs(self.directory, exist_ok=True)
+      jax.profiler.start_trace(self.directory, create_perfetto_trace=True)
+      self.active = True
+
+  def after(self, step: int, state: Any) -> None:
+    """After step `step`: the trace ends with the window, once `state` is
+    computed."""
+    if self.active and step >= self.window.stop - 1:
+      jax.block_until_ready(state)
+      jax.profiler.stop_trace()
+      self.active = False
