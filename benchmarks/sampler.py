@@ -1,18 +1,26 @@
-"""Sampler throughput against Tunix's vanilla sampler, same workload.
+"""Sampler throughput against Tunix's vanilla sampler, level: same weights,
+same workload, both sides ending with their tokens on the host.
 
-Gemma architecture, vocab 256, 4 layers, embed 256, 4 heads / 1 KV head,
-head_dim 64, MLP 1024, float32, one device; 16 prompts of 32 random tokens;
-exactly 64 new tokens (EOS ignored); temperature 1.0, top_p 0.95. One
-warm-up call (its time, compilation included, is reported), then the median
-of 5 (the two samplers' calls interleaved, so that drift in this machine's
-speed hits both alike). With google-tunix installed (benchmarks/requirements-peer.txt), its
-sampler runs the same workload on the same weights in the same process.
+Two Gemma-architecture workloads, float32, one device, random prompts,
+exactly `new` tokens (EOS ignored), temperature 1.0, top_p 0.95:
+  small: vocab 256, 4 layers, embed 256, 4 heads / 1 KV head, head_dim 64,
+         MLP 1024; 16 prompts of 32 tokens, 64 new;
+  large: vocab 32,000, 8 layers, embed 512, 8 heads / 1 KV head, head_dim
+         64, MLP 2048; 16 prompts of 64 tokens, 128 new (matmuls dominate).
+First both engines decode greedily from the same weights and their tokens
+must be equal. Then one warm-up call each (its time, compilation included,
+is reported) and the median of 5 rounds, the two samplers' calls
+interleaved. Our call fetches its tokens and log-probabilities to the host;
+Tunix's returns host token lists (it also detokenises, here a join of
+ids). Needs google-tunix (the test extra, or
+benchmarks/requirements-peer.txt); without it only ours runs.
 
-  python benchmarks/sampler.py
+  python benchmarks/sampler.py [--workloads=small,large]
 
-Target: at least 1.5x Tunix's new tokens/s.
+Target (issue 23): at least 1.6x Tunix's new tokens/s on both (goal 2x).
 """
 
+import argparse
 import json
 import os
 import statistics
@@ -29,10 +37,13 @@ from tunix_pw.models import checkpoints, presets  # pylint: disable=g-import-not
 from tunix_pw.sampling.rollout import SamplingConfig  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tunix_pw.sampling.sampler import Sampler  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-CFG = presets.PRESETS['gemma-2b'].replace(
-    vocab_size=256, num_layers=4, embed_dim=256, num_heads=4, num_kv_heads=1,
-    head_dim=64, mlp_dim=1024)
-BATCH, PROMPT, NEW, REPEATS = 16, 32, 64, 5
+WORKLOADS = {  # (model, batch, prompt, new)
+    'small': (dict(vocab_size=256, num_layers=4, embed_dim=256, num_heads=4,
+                   mlp_dim=1024), 16, 32, 64),
+    'large': (dict(vocab_size=32000, num_layers=8, embed_dim=512,
+                   num_heads=8, mlp_dim=2048), 16, 64, 128),
+}
+REPEATS = 5
 
 
 def peak_rss_mb() -> float:
@@ -43,9 +54,9 @@ def peak_rss_mb() -> float:
   return 0.0
 
 
-def first_and_rates(*calls):
-  """Each call's first (warm-up, compiling) time, then the median rate of
-  REPEATS rounds that interleave the calls."""
+def first_and_rates(tokens: int, *calls):
+  """Each call's first (warm-up, compiling) time, then the median rate
+  (`tokens` per call) of REPEATS rounds that interleave the calls."""
   firsts, times = [], [[] for _ in calls]
   for call in calls:
     start = time.perf_counter()
@@ -56,17 +67,21 @@ def first_and_rates(*calls):
       start = time.perf_counter()
       call()
       spent.append(time.perf_counter() - start)
-  return firsts, [BATCH * NEW / statistics.median(t) for t in times]
+  return firsts, [tokens / statistics.median(t) for t in times]
 
 
-def ours(model, prompts):
+def ours(model, prompts, new: int, greedy: bool = False):
+  """A call that generates and returns the tokens on the host."""
   sampler = Sampler(model, pad_id=0, eos_ids=(1,))
-  config = SamplingConfig(max_new_tokens=NEW, temperature=1.0, top_p=0.95,
+  config = SamplingConfig(max_new_tokens=new, temperature=0.0 if greedy
+                          else 1.0, top_p=1.0 if greedy else 0.95,
                           ignore_eos=True)
 
   def call():
     out = sampler.generate(prompts, config)
-    assert int(jax.block_until_ready(out.lengths).min()) == NEW
+    tokens, _ = jax.device_get((out.tokens, out.logprobs))
+    assert tokens.shape[1] >= new
+    return tokens[:, :new]
 
   return call
 
@@ -90,18 +105,18 @@ class _IdsTokenizer:
     return 0
 
 
-def tunix_peer(model, prompts):
+def tunix_peer(model, cfg, prompts, new: int, greedy: bool = False):
+  """Tunix's sampler on our weights, in Tunix's layout."""
   from tunix.generate import sampler as tunix_sampler  # pylint: disable=g-import-not-at-top
   from tunix.models.gemma import model as tunix_gemma  # pylint: disable=g-import-not-at-top
   config = tunix_gemma.ModelConfig(
-      num_layers=CFG.num_layers, num_embed=CFG.vocab_size,
-      embed_dim=CFG.embed_dim, hidden_dim=CFG.mlp_dim,
-      num_heads=CFG.num_heads, head_dim=CFG.head_dim,
-      num_kv_heads=CFG.num_kv_heads, final_logit_softcap=None,
+      num_layers=cfg.num_layers, num_embed=cfg.vocab_size,
+      embed_dim=cfg.embed_dim, hidden_dim=cfg.mlp_dim,
+      num_heads=cfg.num_heads, head_dim=cfg.head_dim,
+      num_kv_heads=cfg.num_kv_heads, final_logit_softcap=None,
       use_post_attn_norm=False, use_post_ffw_norm=False,
-      attention_types=(tunix_gemma.AttentionType.GLOBAL,) * CFG.num_layers)
+      attention_types=(tunix_gemma.AttentionType.GLOBAL,) * cfg.num_layers)
   peer = tunix_gemma.Gemma(config, rngs=nnx.Rngs(0))
-  # The same weights: ours, in Tunix's layout.
   for i, layer in enumerate(peer.layers):
     group = model.groups[0][0]
     layer.attn.q_einsum.w.value = group.attn.q[i].transpose(1, 0, 2)
@@ -117,45 +132,60 @@ def tunix_peer(model, prompts):
   peer.final_norm.scale.value = model.final_norm.scale[...]
   sampler = tunix_sampler.Sampler(
       peer, _IdsTokenizer(), tunix_sampler.CacheConfig(
-          cache_size=PROMPT + NEW, num_layers=CFG.num_layers,
-          num_kv_heads=CFG.num_kv_heads, head_dim=CFG.head_dim))
+          cache_size=len(prompts[0]) + new, num_layers=cfg.num_layers,
+          num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim))
   strings = [' '.join(map(str, p)) for p in prompts]
+  sampling = {} if greedy else dict(temperature=1.0, top_p=0.95)
 
   def call():
-    out = sampler(strings, max_generation_steps=NEW, temperature=1.0,
-                  top_p=0.95, eos_tokens=[-1], seed=0)
-    assert min(len(t) for t in out.tokens) == NEW
+    out = sampler(strings, max_generation_steps=new, eos_tokens=[-1], seed=0,
+                  **sampling)
+    assert min(len(t) for t in out.tokens) == new
+    return np.array([t[:new] for t in out.tokens])
 
   return call
 
 
-def main() -> None:
-  model = checkpoints.init(CFG, seed=0)
+def workload(name: str) -> dict:
+  shape, batch, prompt, new = WORKLOADS[name]
+  cfg = presets.PRESETS['gemma-2b'].replace(num_kv_heads=1, head_dim=64,
+                                             **shape)
+  model = checkpoints.init(cfg, seed=0)
   prompts = np.random.default_rng(0).integers(
-      2, CFG.vocab_size, (BATCH, PROMPT)).tolist()
-  calls = [ours(model, prompts)]
+      2, cfg.vocab_size, (batch, prompt)).tolist()
+  calls = [ours(model, prompts, new)]
   start = time.perf_counter()
   calls[0]()
   first = time.perf_counter() - start
-  peak = peak_rss_mb()  # ours compiled and run; the peer not yet built
+  result = dict(workload=name, peak_rss_mb=round(peak_rss_mb(), 1))
   try:
     import tunix  # pylint: disable=g-import-not-at-top,unused-import
-    calls.append(tunix_peer(model, prompts))
   except ImportError:
-    pass
-  firsts, rates = first_and_rates(*calls)
+    result['tunix'] = 'not installed (benchmarks/requirements-peer.txt)'
+  else:
+    ours_greedy = ours(model, prompts, new, greedy=True)()
+    peer_greedy = tunix_peer(model, cfg, prompts, new, greedy=True)()
+    result['greedy_tokens_equal'] = bool((ours_greedy == peer_greedy).all())
+    calls.append(tunix_peer(model, cfg, prompts, new))
+  firsts, rates = first_and_rates(batch * new, *calls)
   firsts[0] = first  # first_and_rates found ours compiled already
-  result = dict(benchmark='sampler', new_tokens_per_s=round(rates[0], 1),
-                first_call_s=round(firsts[0], 2), peak_rss_mb=round(peak, 1))
+  result.update(new_tokens_per_s=round(rates[0], 1),
+                first_call_s=round(firsts[0], 2))
   if len(calls) > 1:
     result.update(tunix_new_tokens_per_s=round(rates[1], 1),
                   tunix_first_call_s=round(firsts[1], 2),
                   speedup_vs_tunix=round(rates[0] / rates[1], 2))
-  else:
-    result['tunix'] = 'not installed (benchmarks/requirements-peer.txt)'
+  return result
 
-  result['target_speedup'] = 1.5
-  print(json.dumps(result))
+
+def main() -> None:
+  parser = argparse.ArgumentParser()
+  parser.add_argument('--workloads', default='small,large')
+  args = parser.parse_args()
+  print(json.dumps(dict(
+      benchmark='sampler',
+      workloads=[workload(name) for name in args.workloads.split(',')],
+      target_speedup=1.6)))
 
 
 if __name__ == '__main__':

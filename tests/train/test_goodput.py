@@ -32,6 +32,7 @@ def test_goodput_counts_a_restart_and_the_profile_holds_the_steps(tmp_path):
   assert record['step'] == 5 and 0 < record['goodput'] < 1
   lost = [v for k, v in record.items() if k.startswith('goodput/')
           and k not in ('goodput/wall_s', 'goodput/productive_s')]
+  assert min(lost) >= 0
   assert sum(lost) + record['goodput/productive_s'] == pytest.approx(
       record['goodput/wall_s'] + record['goodput/restarts_s'])
   # The redone step 3, at the killed run's logged step time.

@@ -3,7 +3,8 @@ with the time lost to compilation, checkpoints, data waits, evaluation,
 start-up and restarts; and a JAX profiler trace of chosen steps.
 
 Productive time is the training loop's time less what it lost inside it.
-Wall time runs from when the job's modules loaded; a resumed run adds the
+Wall time runs from when the job's modules loaded (a pipeline's later
+stage: from the end of the one before); a resumed run adds the
 steps it redoes (those its predecessor did after the checkpoint it
 resumes from), which are lost twice over: counted in the denominator, not
 the numerator.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from typing import Any, Iterator
 
@@ -21,7 +23,8 @@ import jax
 from tunix_pw import workdir as workdir_lib
 from tunix_pw.errors import UsageError
 
-_START = time.perf_counter()
+_SINCE = [time.perf_counter()]  # where the next summary's wall time starts
+_THREAD = threading.local()  # .compiled: this thread's compilation seconds
 # Tracing, lowering and XLA compilation, as JAX reports them.
 _COMPILE_EVENTS = ('/jax/core/compile/jaxpr_trace_duration',
                    '/jax/core/compile/jaxpr_to_mlir_module_duration',
@@ -32,8 +35,13 @@ _LISTENERS: list[Any] = []
 def _on_event(event: str, duration: float, **kwargs) -> None:
   del kwargs
   if event in _COMPILE_EVENTS:
+    _THREAD.compiled = _compiled() + duration
     for goodput in _LISTENERS:
       goodput.add('compilation', duration)
+
+
+def _compiled() -> float:
+  return getattr(_THREAD, 'compiled', 0.0)
 
 
 jax.monitoring.register_event_duration_secs_listener(_on_event)
@@ -55,14 +63,14 @@ class Goodput:
 
   @contextlib.contextmanager
   def lost(self, kind: str) -> Iterator[None]:
-    """Time in the block is lost to `kind` (compilation in it is counted
-    as compilation)."""
-    began, compiled = time.perf_counter(), self.lost_s['compilation']
+    """Time in the block is lost to `kind` (what this thread compiles in
+    it is counted as compilation; other threads, e.g. a rollout thread,
+    compile beside it)."""
+    began, compiled = time.perf_counter(), _compiled()
     try:
       yield
     finally:
-      self.add(kind, time.perf_counter() - began -
-               (self.lost_s['compilation'] - compiled))
+      self.add(kind, time.perf_counter() - began - (_compiled() - compiled))
 
   @contextlib.contextmanager
   def training(self) -> Iterator[None]:
@@ -78,7 +86,8 @@ class Goodput:
     """The goodput metrics and their one-line summary."""
     if self in _LISTENERS:
       _LISTENERS.remove(self)
-    wall = time.perf_counter() - _START
+    now = time.perf_counter()
+    wall, _SINCE[0] = now - _SINCE[0], now
     startup = max(wall - self.loop_s - sum(self.lost_s.values()), 0.0)
     goodput = self.loop_s / (wall + self.redone_s)
     lost = dict(self.lost_s, other=startup, restarts=self.redone_s)
