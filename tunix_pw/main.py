@@ -33,7 +33,7 @@ from tunix_pw.errors import UsageError
 from tunix_pw.runtime import backend, meshes
 from tunix_pw.runtime.preemption import EXIT_PREEMPTED, Preempted, Preemption
 from tunix_pw.runtime.preemption import watch_sigterm
-from tunix_pw.train import goodput
+from tunix_pw.train import goodput, metrics
 
 CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file and optional arg: path.py[:arg].',
@@ -254,7 +254,10 @@ def main(argv: Sequence[str]) -> None:
       workdir.mkdir(parents=True, exist_ok=True)
       (workdir / workdir_lib.CONFIG).write_text(
           config.to_json_best_effort(indent=2))
-    job.run(config, runtime, role_meshes, str(workdir), preemption)
+    try:
+      job.run(config, runtime, role_meshes, str(workdir), preemption)
+    finally:
+      metrics.close_all()
   except UsageError as e:
     _fail(str(e))
   except Preempted as e:

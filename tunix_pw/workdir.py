@@ -5,6 +5,7 @@
   metrics.jsonl        one JSON object per logged step
   tensorboard/         TensorBoard event files (scalars, sample text)
   samples.jsonl        RL: prompts with their completions and rewards
+  goodput.json         the run's goodput and where the rest of its time went
   profile/             a JAX profiler trace of --config.runtime.profile_steps
   compile_report.json  compile-only checks
   <stage>/             a pipeline's stages, each a workdir of its own
@@ -22,6 +23,7 @@ METRICS = 'metrics.jsonl'
 TENSORBOARD = 'tensorboard'
 SAMPLES = 'samples.jsonl'
 PROFILE = 'profile'
+GOODPUT = 'goodput.json'
 COMPILE_REPORT = 'compile_report.json'
 PROGRESS = 'progress.png'
 EVAL = 'eval.json'

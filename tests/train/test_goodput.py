@@ -1,5 +1,5 @@
-"""Goodput in every job's metrics and its one-line summary; a profiler
-trace of chosen steps."""
+"""Goodput in every training job's workdir (goodput.json, TensorBoard) and
+its one-line summary; a profiler trace of chosen steps."""
 
 import glob
 import gzip
@@ -27,8 +27,7 @@ def test_goodput_counts_a_restart_and_the_profile_holds_the_steps(tmp_path):
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   [line] = [l for l in resumed.stdout.splitlines() if 'goodput' in l]
   assert line.startswith('sft: goodput ') and 'restarts' in line
-  with open(tmp_path / 'metrics.jsonl') as f:
-    [record] = [r for r in map(json.loads, f) if 'goodput' in r]
+  record = json.loads((tmp_path / 'goodput.json').read_text())
   assert record['step'] == 5 and 0 < record['goodput'] < 1
   lost = [v for k, v in record.items() if k.startswith('goodput/')
           and k not in ('goodput/wall_s', 'goodput/productive_s')]

@@ -36,7 +36,8 @@ class _Data:
 
 def test_non_finite_parameters_are_never_checkpointed(tmp_path):
   config = ml_collections.ConfigDict(dict(
-      checkpoint=common.checkpointing(every=1), log_every=1))
+      checkpoint=common.checkpointing(every=1), log_every=1, steps=2,
+      runtime=common.runtime()))
   state = step_lib.TrainState.create({'w': jnp.ones(3)}, optax.sgd(0.1), 0)
   session = loop.Session('test', config, RUNTIME, str(tmp_path), state,
                          _Data())

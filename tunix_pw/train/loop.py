@@ -163,7 +163,7 @@ class Session:
     self.wait()
     self.checkpointer.close()
     values, line = self.goodput.summary(self.name)
-    self.writer.write(self.last, values)
+    self.writer.goodput(self.last, values)
     self.writer.close()
     if self.runtime.is_coordinator:
       print(line, flush=True)

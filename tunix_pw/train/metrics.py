@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 from typing import Any
 
 import jax
@@ -41,6 +42,7 @@ class Writer:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       self._tb = SummaryWriter(workdir_lib.path(workdir,
                                                 workdir_lib.TENSORBOARD))
+      _OPEN.add(self)
 
   def write(self, step: int, scalars: dict[str, Any]) -> dict[str, float]:
     values = {k: float(np.asarray(v)) for k, v in scalars.items()}
@@ -67,6 +69,19 @@ class Writer:
     os.replace(self.path + '.tmp', self.path)
     return redone_seconds(records, step)
 
+  def goodput(self, step: int, values: dict[str, float]) -> None:
+    """A run's goodput figures: TensorBoard scalars at `step`, and
+    <workdir>/goodput.json (replaced whole)."""
+    if not self.enabled:
+      return
+    for k, v in values.items():
+      self._tb.add_scalar(k, v, step)
+    self._tb.flush()
+    path = workdir_lib.path(self.workdir, workdir_lib.GOODPUT)
+    with open(path + '.tmp', 'w') as f:
+      json.dump(dict(step=step, **values), f, indent=1)
+    os.replace(path + '.tmp', path)
+
   def samples(self, step: int, records: list[dict[str, Any]]) -> None:
     """Sample records to <workdir>/samples.jsonl (one line each, with the
     step) and as TensorBoard text."""
@@ -85,6 +100,18 @@ class Writer:
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
+      _OPEN.discard(self)
+
+
+_OPEN: weakref.WeakSet[Writer] = weakref.WeakSet()
+
+
+def close_all() -> None:
+  """Closes the writers a failing job left open: TensorBoard's writer
+  closed only at interpreter exit needs a new thread, which Python 3.12
+  refuses then (a traceback after the job's one-sentence error)."""
+  for writer in list(_OPEN):
+    writer.close()
 
 
 def redone_seconds(records: list[dict[str, float]], step: int) -> float:
