@@ -151,6 +151,11 @@ def _bind_address(coordinator: str) -> str | None:
   return None
 
 
+# Virtual CPU devices per process at most: XLA hangs or aborts with tens of
+# thousands (found by tests/test_fuzz.py).
+MAX_HOST_DEVICES = 512
+
+
 def start(detection: Detection, host_device_count: int = 0,
           peer_timeout_s: int = 300) -> Runtime:
   """Starts the detected backend and returns the Runtime.
@@ -161,6 +166,12 @@ def start(detection: Detection, host_device_count: int = 0,
       its processes; only applies when JAX runs on CPU (tests, demos).
   """
   if host_device_count:
+    per_process = host_device_count // detection.process_count
+    if host_device_count < 0 or per_process > MAX_HOST_DEVICES:
+      raise UsageError(
+          f'--config.runtime.host_device_count={host_device_count} must be '
+          f'between 0 and {MAX_HOST_DEVICES} virtual CPU devices per process '
+          '(0: JAX\'s default).')
     if host_device_count % detection.process_count:
       raise UsageError(
           f'--config.runtime.host_device_count={host_device_count} does not '
