@@ -6,13 +6,15 @@ r"""Entry point of every tunix_pw job.
       [--compile_num_slices=N]   # does the job fit? (no TPU needed)
 
 Exit codes: 0 done; 2 bad config, usage or input (one sentence on stderr,
-no traceback); 42 preempted after a checkpoint (XPK restarts on it); anything
-else is a crash.
+no traceback); 42 preempted after a checkpoint (XPK restarts on it); 1 the
+workdir's disk is full (one sentence; the complete checkpoints are intact)
+or a crash.
 """
 
 from __future__ import annotations
 
 import difflib
+import errno
 import importlib.util
 import json
 import os
@@ -29,11 +31,11 @@ from ml_collections import config_flags
 
 from tunix_pw import checks, compile_only, jobs
 from tunix_pw import workdir as workdir_lib
-from tunix_pw.errors import UsageError
+from tunix_pw.errors import UsageError, disk_full
 from tunix_pw.runtime import backend, meshes
 from tunix_pw.runtime.preemption import EXIT_PREEMPTED, Preempted, Preemption
 from tunix_pw.runtime.preemption import watch_sigterm
-from tunix_pw.train import goodput, metrics
+from tunix_pw.train import checkpoint, goodput, metrics
 
 CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file and optional arg: path.py[:arg].',
@@ -59,6 +61,7 @@ _CHECK_ONLY = flags.DEFINE_bool(
     'devices) and exit 0 or 2; nothing is written, no job runs.')
 
 EXIT_USAGE = 2
+EXIT_DISK_FULL = 1
 
 
 def _fail(message: str) -> None:
@@ -264,6 +267,25 @@ def main(argv: Sequence[str]) -> None:
     logging.warning('%s; exiting with %d so that the job is restarted', e,
                     EXIT_PREEMPTED)
     sys.exit(EXIT_PREEMPTED)
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    if not (detail := disk_full(e)):
+      raise
+    _disk_is_full(WORKDIR.value, detail)
+
+
+def _disk_is_full(workdir: str, detail: str) -> None:
+  """One sentence, then exit at once: a checkpoint write still pending in
+  the background would fail again at interpreter exit, with tracebacks."""
+  if step := re.search(r'checkpoints/(\d+)\.orbax-checkpoint-tmp', detail):
+    detail = f'{os.strerror(errno.ENOSPC)}, writing checkpoint step {step[1]}'
+  steps = checkpoint.complete_steps(workdir)
+  newest = (f'the newest complete checkpoint there is step {steps[-1]}, '
+            'and the same command resumes from it once there is space'
+            if steps else 'there is no complete checkpoint there yet')
+  print(f'error: the disk under --workdir={workdir} is full ({detail[:200]}); '
+        f'{newest}.', file=sys.stderr, flush=True)
+  sys.stdout.flush()
+  os._exit(EXIT_DISK_FULL)  # pylint: disable=protected-access
 
 
 def run() -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 from typing import Any
 
 import jax
@@ -137,6 +138,15 @@ def latest_params(workdir: str, like: Any) -> Any:
   raise UsageError(
       f'{workdir} is a tunix_pw workdir but {directory} holds no readable '
       'checkpoint' + (f' ({"; ".join(problems)})' if problems else '') + '.')
+
+
+def complete_steps(workdir: str) -> list[int]:
+  """The steps of a workdir's finalised checkpoints, oldest first (Orbax
+  writes a step under a temporary name and renames it when complete)."""
+  directory = workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
 
 
 def _everywhere(ok: bool) -> bool:
