@@ -1,5 +1,6 @@
 """Fuzzing through `main --check_only`, as a user meets it: random values of
-random types for random fields of every config file. Every run must end
+random types for random fields of every config file, malformed JSONL data
+and prompt files, corrupt safetensors shards and indexes. Every run must end
 with exit 0, or exit 2 and one sentence: never a traceback, a hang or a
 written workdir.
 
@@ -12,11 +13,15 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 
+from flax import nnx
 from hypothesis import HealthCheck, given, settings, strategies as st
+import numpy as np
 import pytest
 
 from tests import helpers
+from tunix_pw.models import checkpoints, hf, presets, safetensors_io
 
 EXAMPLES = int(os.environ.get('TUNIX_PW_FUZZ_EXAMPLES', '3'))
 # Every config file, with the argument a local run uses.
@@ -168,3 +173,107 @@ def test_found_by_fuzzing_a_huge_virtual_device_count(tmp_path, count):
   assert result.returncode == 2, result.stderr[-2000:]
   [line] = helpers.error_lines(result.stderr)
   assert f'host_device_count={count} must be between 0 and 512' in line
+
+
+@pytest.fixture(scope='module')
+def sharded_checkpoint(tmp_path_factory):
+  """A tiny Llama 3 in Hugging Face's layout, in two safetensors shards with
+  their index."""
+  directory = tmp_path_factory.mktemp('hf')
+  cfg = presets.PRESETS['tiny-llama3']
+  hf.save(str(directory), cfg, nnx.state(checkpoints.init(cfg, seed=1)))
+  store = safetensors_io.SafetensorsDir(str(directory))
+  names = store.names()
+  shards = {'model-00001-of-00002.safetensors': names[::2],
+            'model-00002-of-00002.safetensors': names[1::2]}
+  for shard, part in shards.items():
+    safetensors_io.save(str(directory / shard),
+                        {n: np.array(store.get(n)) for n in part})
+  del store
+  os.remove(directory / 'model.safetensors')
+  (directory / safetensors_io.INDEX).write_text(json.dumps({'weight_map': {
+      n: shard for shard, part in shards.items() for n in part}}))
+  return directory
+
+
+# A corruption: bytes overwritten (anywhere, or in a shard's header), a
+# shard cut short, its header length rewritten, the index replaced whole
+# or one of its entries changed.
+CORRUPTIONS = st.one_of(
+    st.tuples(st.sampled_from(['bytes', 'header bytes']), st.integers(0, 1),
+              st.lists(st.tuples(st.floats(0, 1, exclude_max=True),
+                                 st.integers(0, 255)), min_size=1,
+                       max_size=8)),
+    st.tuples(st.just('truncate'), st.integers(0, 1),
+              st.floats(0, 1, exclude_max=True)),
+    st.tuples(st.just('header length'), st.integers(0, 1),
+              st.integers(0, 2**64 - 1)),
+    st.tuples(st.just('index'), st.just(0), JSON.map(json.dumps) | st.text(
+        max_size=40)),
+    st.tuples(st.just('index entry'), st.integers(0, 10**6), JSON))
+
+
+def corrupt(directory, kind: str, which: int, how) -> None:
+  shards = sorted(p for p in directory.iterdir()
+                  if p.name.endswith('.safetensors'))
+  path = shards[which % len(shards)] if shards else None
+  index = directory / safetensors_io.INDEX
+  if kind in ('bytes', 'header bytes'):
+    data = bytearray(path.read_bytes())
+    span = (8 + int.from_bytes(data[:8], 'little') if kind == 'header bytes'
+            else len(data))
+    for where, value in how:
+      data[int(where * min(span, len(data)))] = value
+    path.write_bytes(bytes(data))
+  elif kind == 'truncate':
+    path.write_bytes(path.read_bytes()[:int(how * path.stat().st_size)])
+  elif kind == 'header length':
+    path.write_bytes(how.to_bytes(8, 'little') + path.read_bytes()[8:])
+  elif kind == 'index':
+    index.write_text(how)
+  else:
+    weight_map = json.loads(index.read_text())['weight_map']
+    name = sorted(weight_map)[which % len(weight_map)]
+    weight_map[name] = how
+    index.write_text(json.dumps({'weight_map': weight_map}))
+
+
+def test_corrupt_checkpoints_exit_0_or_2_with_one_sentence(
+    tmp_path, sharded_checkpoint):
+  """--check_only reads config.json, the index and every header; a run that
+  passes it then loads the tensors and generates."""
+  runs = iter(range(10**6))
+
+  @settings(max_examples=EXAMPLES, deadline=None,
+            suppress_health_check=list(HealthCheck))
+  @given(CORRUPTIONS)
+  def check(corruption):
+    run = tmp_path / str(next(runs))
+    shutil.copytree(sharded_checkpoint, run / 'ckpt')
+    corrupt(run / 'ckpt', *corruption)
+    args = ['--config=tunix_pw/configs/generate.py:runlocal',
+            f'--config.model.checkpoint={run / "ckpt"}',
+            '--config.model.tokenizer=char', '--config.prompt=1+1=',
+            '--config.sampling.max_new_tokens=2', f'--workdir={run / "w"}']
+    checked = helpers.run_main(*args, '--check_only', timeout=120)
+    ends_well(checked, corruption)
+    assert not (run / 'w').exists(), corruption
+    if checked.returncode == 0:
+      ends_well(helpers.run_main(*args, timeout=120), corruption)
+
+  check()  # pylint: disable=no-value-for-parameter
+
+
+def test_found_by_fuzzing_a_truncated_header_is_caught_by_check_only(
+    tmp_path, sharded_checkpoint):
+  shutil.copytree(sharded_checkpoint, tmp_path / 'ckpt')
+  corrupt(tmp_path / 'ckpt', 'truncate', 1, 0.5)
+  result = helpers.run_main(
+      '--config=tunix_pw/configs/generate.py:runlocal',
+      f'--config.model.checkpoint={tmp_path / "ckpt"}', '--check_only',
+      f'--workdir={tmp_path / "w"}')
+  assert result.returncode == 2, result.stderr[-2000:]
+  [line] = helpers.error_lines(result.stderr)
+  assert 'model-00002-of-00002.safetensors' in line and (
+      'truncated or corrupt' in line), line
+  assert not (tmp_path / 'w').exists()

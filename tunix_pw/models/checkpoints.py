@@ -20,8 +20,9 @@ from jax.sharding import Mesh, SingleDeviceSharding
 import numpy as np
 
 from tunix_pw import checks
+from tunix_pw import workdir as workdir_lib
 from tunix_pw.errors import UsageError
-from tunix_pw.models import decoder, hf, kaggle
+from tunix_pw.models import decoder, hf, kaggle, safetensors_io
 from tunix_pw.models.config import ModelConfig
 from tunix_pw.runtime import sharding
 
@@ -131,10 +132,24 @@ def check_model_block(block: Any, prefix: str = '--config.model') -> None:
   if block.remat not in decoder.REMAT_POLICIES:
     raise UsageError(f'{prefix}.remat={block.remat!r} is unknown; use one of '
                      f'{", ".join(decoder.REMAT_POLICIES)}.')
-  if (block.checkpoint and checks.scope().files and
-      not os.path.isdir(block.checkpoint)):
-    raise UsageError(f'{prefix}.checkpoint={block.checkpoint!r} is not a '
-                     'directory.')
+  if block.checkpoint and checks.scope().files:
+    if not os.path.isdir(block.checkpoint):
+      raise UsageError(f'{prefix}.checkpoint={block.checkpoint!r} is not a '
+                       'directory.')
+    check_files(block.checkpoint)
+
+
+def check_files(directory: str) -> None:
+  """What a Hugging Face checkpoint's files say without a tensor's bytes
+  read: config.json, the index and every safetensors header hold together
+  (a static check: a corrupt or truncated file fails before any device
+  work, and before the workdir is written)."""
+  if workdir_lib.is_trained(directory) or detect(directory) != HF:
+    return
+  hf.read_config(directory)
+  store = safetensors_io.SafetensorsDir(directory)
+  for name in store.names():
+    store.get(name)
 
 
 def model_kwargs(block: Any) -> dict[str, Any]:
