@@ -32,7 +32,7 @@ from ml_collections import config_flags
 from tunix_pw import checks, compile_only, jobs
 from tunix_pw import workdir as workdir_lib
 from tunix_pw.errors import UsageError, disk_full
-from tunix_pw.runtime import backend, meshes
+from tunix_pw.runtime import backend, elastic, meshes
 from tunix_pw.runtime.preemption import EXIT_PREEMPTED, Preempted, Preemption
 from tunix_pw.runtime.preemption import watch_sigterm
 from tunix_pw.train import checkpoint, goodput, metrics
@@ -206,6 +206,7 @@ def static_checks(config: ml_collections.ConfigDict):
   job = jobs.get(config.job)
   meshes.check(config.meshes)  # the job's (a pipeline's stages have theirs)
   job.validate(config)
+  elastic.check(config.runtime.elastic)
   if 'steps' in config and 'profile_steps' in config.get('runtime', {}):
     goodput.profile_window(config.runtime.profile_steps, config.steps)
   if not WORKDIR.value and not _COMPILE_TOPOLOGY.value and not (
@@ -257,10 +258,20 @@ def main(argv: Sequence[str]) -> None:
       workdir.mkdir(parents=True, exist_ok=True)
       (workdir / workdir_lib.CONFIG).write_text(
           config.to_json_best_effort(indent=2))
-    try:
-      job.run(config, runtime, role_meshes, str(workdir), preemption)
-    finally:
-      metrics.close_all()
+
+    def attempt(now: backend.Runtime) -> None:
+      """The job on `now.devices` (fewer after an elastic slice loss)."""
+      on = role_meshes
+      if now.devices != runtime.devices:
+        on = meshes.build(config.meshes, now.devices)
+        if now.is_coordinator:
+          print(f'meshes: {on.describe()}', flush=True)
+      try:
+        job.run(config, now, on, str(workdir), preemption)
+      finally:
+        metrics.close_all()
+
+    elastic.run(config.runtime.elastic, runtime, attempt)
   except UsageError as e:
     _fail(str(e))
   except Preempted as e:

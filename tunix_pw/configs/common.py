@@ -23,6 +23,10 @@ def runtime(host_device_count: int = 0) -> ml_collections.ConfigDict:
     (connecting, heartbeats) before the job ends with an error.
   profile_steps: a JAX profiler trace of these steps to <workdir>/profile
     ('5': step 5, '5:8': steps 5-7; '': none).
+  elastic: Pathways: keep the job running through slice losses on at least
+    `min_slices` healthy slices (0: off), checked every `poll_s`; after
+    `timeout_s` (0: no limit) without them, or `max_attempts` attempts,
+    exit 42 (runtime/elastic.py).
   """
   return ml_collections.ConfigDict(dict(
       host_device_count=host_device_count,
@@ -32,6 +36,7 @@ def runtime(host_device_count: int = 0) -> ml_collections.ConfigDict:
       reshard_group_mib=256,
       peer_timeout_s=300,
       profile_steps='',
+      elastic=dict(min_slices=0, poll_s=10.0, timeout_s=0.0, max_attempts=10),
   ))
 
 

@@ -34,8 +34,13 @@ from tunix_pw.errors import UsageError
 TOPOLOGY = '_topology'  # in the data item: who wrote the checkpoint
 
 
-def topology() -> dict[str, int]:
-  return dict(devices=jax.device_count(), processes=jax.process_count())
+def topology(state: Any) -> dict[str, int]:
+  """The devices and processes that hold `state` (after an elastic slice
+  loss, fewer than the runtime's)."""
+  devices = {d for x in jax.tree.leaves(state) if hasattr(x, 'sharding')
+             for d in x.sharding.device_set}
+  return dict(devices=len(devices),
+              processes=len({d.process_index for d in devices}))
 
 
 def _abstract(tree: Any) -> Any:
@@ -69,7 +74,7 @@ class Checkpointer:
     self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         data=ocp.args.JsonSave(dict(_merged(data_state),
-                                    **{TOPOLOGY: topology()}))),
+                                    **{TOPOLOGY: topology(state)}))),
                       force=True)
 
   def restore(self, like: Any) -> tuple[Any, dict[str, Any], int,

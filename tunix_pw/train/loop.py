@@ -34,9 +34,10 @@ def resume(checkpointer: Checkpointer, state: Any, data: Any, name: str,
   state, data_state, step, written = restored
   data.restore(data_state)
   if announce:
-    now = checkpoint_lib.topology()
-    moved = (f' (written on {written["devices"]} devices by '
-             f'{written["processes"]} processes; now {now["devices"]} and '
+    now = checkpoint_lib.topology(state)
+    processes = written.get('processes', 0)
+    moved = (f' (written on {written["devices"]} devices by {processes} '
+             f'process{"es" * (processes != 1)}; now {now["devices"]} and '
              f'{now["processes"]})' if written and written != now else '')
     print(f'{name}: resumed from step {step}{moved}', flush=True)
   return state, step
