@@ -9,7 +9,10 @@ JOB_COMPLETION_INDEX), so the multi-controller backend runs unchanged. Logs
 stream with a `[pN]` prefix. SIGTERM/SIGINT are forwarded to every process.
 When a process fails, the others are stopped and the launcher exits with that
 process's code; exit 42 (preempted after a checkpoint) waits for the others,
-which agreed on the same stop.
+which agreed on the same stop. With `--restarts=N`, a failed run is started
+again up to N times on the survivors (one process fewer each time, each
+keeping its share of `--config.runtime.host_device_count`): the job resumes
+from its last checkpoint on the smaller topology.
 """
 
 from __future__ import annotations
@@ -67,7 +70,31 @@ def _stop(procs: list[subprocess.Popen]) -> None:
       p.wait()
 
 
-def launch(num_processes: int, job_args: list[str]) -> int:
+def launch(num_processes: int, job_args: list[str], restarts: int = 0) -> int:
+  """The job on `num_processes` processes; after a failure, again on the
+  survivors, `restarts` times at most."""
+  code = run_once(num_processes, job_args)
+  while code not in (0, PREEMPTED) and restarts and num_processes > 1:
+    restarts -= 1
+    job_args = _with_devices_per_process(job_args, num_processes,
+                                         num_processes - 1)
+    num_processes -= 1
+    print(f'[launch] restarting on the {num_processes} surviving '
+          f'process(es)', flush=True)
+    code = run_once(num_processes, job_args)
+  return code
+
+
+def _with_devices_per_process(job_args: list[str], before: int,
+                              after: int) -> list[str]:
+  """The job's virtual CPU device count (a total) scaled with its process
+  count, so that each survivor keeps its own devices, as hosts do."""
+  flag = '--config.runtime.host_device_count='
+  return [f'{flag}{int(a[len(flag):]) * after // before}'
+          if a.startswith(flag) else a for a in job_args]
+
+
+def run_once(num_processes: int, job_args: list[str]) -> int:
   port = free_port()
   procs = []
   for i in range(num_processes):
@@ -123,13 +150,18 @@ def main() -> None:
   parser = argparse.ArgumentParser(
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument('--num_processes', type=int, default=2)
+  parser.add_argument('--restarts', type=int, default=0,
+                      help='after a failure, start again on the survivors '
+                      '(one process fewer) up to this many times')
   parser.add_argument('job_args', nargs=argparse.REMAINDER,
                       help='-- then the arguments of tunix_pw.main')
   args = parser.parse_args()
   job_args = args.job_args[1:] if args.job_args[:1] == ['--'] else args.job_args
   if args.num_processes < 1:
     parser.error('--num_processes must be at least 1')
-  sys.exit(launch(args.num_processes, job_args))
+  if args.restarts < 0:
+    parser.error('--restarts must be at least 0')
+  sys.exit(launch(args.num_processes, job_args, args.restarts))
 
 
 if __name__ == '__main__':

@@ -3,6 +3,7 @@ variables, and through launch/local.py; failures never hang the launcher."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import psutil
 
 from launch import local
 from tests import helpers
+from tunix_pw.train import metrics
 
 SMOKE = ['--config=tunix_pw/configs/smoke.py:collocated', '--config.steps=4']
 
@@ -104,3 +106,32 @@ def test_a_stopped_peer_ends_the_job_and_the_coordinator_is_local(tmp_path):
   assert time.monotonic() - start < 60
   assert launcher.returncode not in (0, 42), output[-3000:]
   assert 'stopped sending heartbeats' in output
+
+
+def test_a_dead_process_is_restarted_on_the_survivors(tmp_path):
+  """--restarts=1: process 1 of 2 SIGKILLed in step 6 -> the launcher
+  starts the job again on the one survivor, with its 4 devices -> it
+  resumes from the last complete checkpoint on the smaller topology and
+  finishes."""
+  fault = json.dumps(dict(phase='step', call=6, signal='SIGKILL', process=1))
+  result = subprocess.run(
+      [sys.executable, 'launch/local.py', '--num_processes=2', '--restarts=1',
+       '--', '--config=tunix_pw/configs/sft.py:runlocal',
+       '--config.runtime.host_device_count=8',
+       '--config.meshes.actor.axes=fsdp=-1', '--config.steps=8',
+       '--config.log_every=1', '--config.checkpoint.every=2',
+       '--config.eval_examples=0', f'--workdir={tmp_path}'],
+      cwd=helpers.ROOT, env=helpers.env(
+          PYTHONPATH=f'{helpers.ROOT}/benchmarks/inject:{helpers.ROOT}',
+          TUNIX_PW_FAULT=fault),
+      capture_output=True, text=True, timeout=300)
+  out = result.stdout
+  assert result.returncode == 0, out[-3000:]
+  assert 'process 1 exited with 137; stopping the others' in out
+  assert '[launch] restarting on the 1 surviving process(es)' in out
+  assert 'runtime.host_device_count 8 -> 4' in out, out[-3000:]
+  resumed = re.search(r'sft: resumed from step (\d+) \(written on 8 devices '
+                      r'by 2 processes; now 4 and 1\)', out)
+  assert resumed and int(resumed[1]) in (2, 4), out[-3000:]
+  steps = [m['step'] for m in metrics.read(str(tmp_path)) if 'loss' in m]
+  assert steps == list(range(1, 9))
