@@ -246,11 +246,11 @@ def launch(argv: list[str]) -> str:
   with checks.limited(files=False):  # the files are in its image and mounts
     tunix_main.static_checks(config)
   workdir = tunix_main.WORKDIR.value
-  if '://' in workdir or not os.path.isabs(workdir):
-    raise UsageError(f'--workdir={workdir!r} must be an absolute path that '
-                     'outlives the pods (restarts resume from it): pass e.g. '
-                     '/gcs/BUCKET/run, which the pods mount with GCS FUSE '
-                     '(metrics and stage directories use local file APIs).')
+  if not (workdir.startswith('gs://') or os.path.isabs(workdir)):
+    raise UsageError(f'--workdir={workdir!r} must outlive the pods (restarts '
+                     'resume from it): pass gs://BUCKET/run, or an absolute '
+                     'path such as /gcs/BUCKET/run, which the pods mount '
+                     'with GCS FUSE.')
   grace, grace_note = termination_grace(config, xpk_config)
   run_flags = job_flags(argv)
   command = shlex.join(['python', '-m', 'tunix_pw.main'] + run_flags)

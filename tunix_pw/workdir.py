@@ -11,11 +11,20 @@
   <stage>/             a pipeline's stages, each a workdir of its own
   progress.png         a pipeline's plot
   eval.json, smoke_summary.json, data_p<i>.json   those jobs' results
+
+A workdir is a local path or a `gs://` URL: the files here go through
+`read_text` / `write_text` / `append_text` (etils.epath, gcsfs on GCS), the
+checkpoints through Orbax (tensorstore), TensorBoard's events through
+tensorboardX. Locally a file is replaced through a temporary file and a
+rename (never torn); on GCS an object is replaced by one upload, atomic by
+itself, and an append (GCS has none) uploads the object again whole.
 """
 
 from __future__ import annotations
 
 import os
+
+from etils import epath
 
 CONFIG = 'config.json'
 CHECKPOINTS = 'checkpoints'
@@ -42,8 +51,40 @@ def path(workdir: str, *names: str) -> str:
   return os.path.join(workdir, *names)
 
 
+def is_remote(name: str) -> bool:
+  """An object-store URL (gs://...) rather than a local path."""
+  return '://' in name
+
+
+def exists(name: str) -> bool:
+  return epath.Path(name).exists()
+
+
+def read_text(name: str) -> str:
+  return epath.Path(name).read_text()
+
+
+def write_text(name: str, text: str) -> None:
+  """Replaces the file `name` whole with `text`."""
+  if is_remote(name):
+    epath.Path(name).write_text(text)
+    return
+  with open(name + '.tmp', 'w') as f:
+    f.write(text)
+  os.replace(name + '.tmp', name)
+
+
+def append_text(name: str, text: str) -> None:
+  if is_remote(name):
+    target = epath.Path(name)
+    target.write_text((target.read_text() if target.exists() else '') + text)
+    return
+  with open(name, 'a') as f:
+    f.write(text)
+
+
 def is_trained(directory: str) -> bool:
   """A tunix_pw training workdir: its config snapshot and checkpoints."""
-  return bool(directory) and os.path.isdir(
-      path(directory, CHECKPOINTS)) and os.path.exists(
+  return bool(directory) and epath.Path(
+      path(directory, CHECKPOINTS)).is_dir() and exists(
           path(directory, CONFIG))

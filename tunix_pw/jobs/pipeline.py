@@ -6,8 +6,9 @@ per step to <workdir>/progress.png."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
+
+from etils import epath
 
 from tunix_pw import jobs
 from tunix_pw import workdir as workdir_lib
@@ -39,7 +40,7 @@ def plot(workdir: str, stage: str) -> str:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
-  logged = metrics.read(os.path.join(workdir, stage))
+  logged = metrics.read(workdir_lib.path(workdir, stage))
   train = [m for m in logged if 'reward_mean' in m]
   evals = [m for m in logged if 'eval/accuracy' in m]
   figure, axis = pyplot.subplots(figsize=(7, 4))
@@ -54,7 +55,8 @@ def plot(workdir: str, stage: str) -> str:
   axis.legend()
   axis.grid(alpha=0.3)
   path = workdir_lib.path(workdir, workdir_lib.PROGRESS)
-  figure.savefig(path, dpi=100, bbox_inches='tight')
+  with epath.Path(path).open('wb') as f:
+    figure.savefig(f, format='png', dpi=100, bbox_inches='tight')
   return path
 
 
@@ -65,15 +67,15 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   summary = []
   for name in config.stages:
     stage = config[name]
-    stage_dir = os.path.join(workdir, name)
-    os.makedirs(stage_dir, exist_ok=True)
+    stage_dir = workdir_lib.path(workdir, name)
+    epath.Path(stage_dir).mkdir(parents=True, exist_ok=True)
     if previous and not stage.model.checkpoint:
       with stage.unlocked():
         stage.model.checkpoint = previous
     stage_meshes = meshes_lib.build(stage.meshes, runtime.devices)
     if runtime.is_coordinator:  # a stage's workdir is a checkpoint of its own
-      with open(workdir_lib.path(stage_dir, workdir_lib.CONFIG), 'w') as f:
-        f.write(stage.to_json_best_effort(indent=2))
+      workdir_lib.write_text(workdir_lib.path(stage_dir, workdir_lib.CONFIG),
+                             stage.to_json_best_effort(indent=2))
       print(f'pipeline: {name} meshes: {stage_meshes.describe()}', flush=True)
     jobs.get(stage.job).run(stage, runtime, stage_meshes, stage_dir,
                             preemption)

@@ -109,10 +109,9 @@ def _train(config: Any, runtime: backend.Runtime, actor: Any, workdir: str,
     state's bits, in a file per process."""
     record = json.dumps(dict(step=len(losses),
                              checksum=int(fetch(bitsum(params)))))
-    path = epath.Path(workdir) / workdir_lib.smoke_checkpoint(
-        runtime.process_index)
-    with path.open('a') as f:
-      f.write(record + '\n')
+    workdir_lib.append_text(workdir_lib.path(
+        workdir, workdir_lib.smoke_checkpoint(runtime.process_index)),
+                            record + '\n')
 
   start = time.perf_counter()
   with console.Progress(config.steps, 'smoke',

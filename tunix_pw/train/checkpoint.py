@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 from typing import Any
 
 import jax
@@ -147,11 +146,10 @@ def latest_params(workdir: str, like: Any) -> Any:
 
 def complete_steps(workdir: str) -> list[int]:
   """The steps of a workdir's finalised checkpoints, oldest first (Orbax
-  writes a step under a temporary name and renames it when complete)."""
-  directory = workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)
-  if not os.path.isdir(directory):
-    return []
-  return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+  writes a step locally under a temporary name and renames it when
+  complete; on GCS it marks it complete last)."""
+  return sorted(ocp.step.checkpoint_steps(
+      workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)))
 
 
 def _everywhere(ok: bool) -> bool:

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import threading
 import time
 from typing import Any, Iterator
 
+from etils import epath
 import jax
 
 from tunix_pw import workdir as workdir_lib
@@ -118,18 +120,22 @@ def profile_window(spec: str, steps: int) -> range:
 
 class Profiler:
   """A JAX profiler trace (TensorBoard and Perfetto) of the steps in
-  `window`, written to <workdir>/profile on the coordinator."""
+  `window`, written to <workdir>/profile on the coordinator (for a gs://
+  workdir, traced to a local folder and uploaded when it ends)."""
 
   def __init__(self, window: range, workdir: str, enabled: bool):
     self.window, self.enabled, self.active = window, enabled, False
     self.directory = workdir_lib.path(workdir, workdir_lib.PROFILE)
+    self.remote, self.local = workdir_lib.is_remote(workdir), self.directory
 
   def before(self, step: int) -> None:
     """Before step `step` (1-based) runs (a resumed run traces the rest of
     the window)."""
     if self.enabled and step in self.window and not self.active:
-      os.makedirs(self.directory, exist_ok=True)
-      jax.profiler.start_trace(self.directory, create_perfetto_trace=True)
+      if self.remote:
+        self.local = tempfile.mkdtemp(prefix='tunix_pw_profile_')
+      os.makedirs(self.local, exist_ok=True)
+      jax.profiler.start_trace(self.local, create_perfetto_trace=True)
       self.active = True
 
   def after(self, step: int, state: Any) -> None:
@@ -139,3 +145,11 @@ class Profiler:
       jax.block_until_ready(state)
       jax.profiler.stop_trace()
       self.active = False
+      if self.remote:
+        for root, _, files in os.walk(self.local):
+          for name in files:
+            source = os.path.join(root, name)
+            target = epath.Path(self.directory) / os.path.relpath(
+                source, self.local)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(epath.Path(source).read_bytes())

@@ -4,7 +4,6 @@ count of XLA compilations (a recompiling step is a bug worth seeing)."""
 from __future__ import annotations
 
 import json
-import os
 import weakref
 from typing import Any
 
@@ -47,8 +46,8 @@ class Writer:
   def write(self, step: int, scalars: dict[str, Any]) -> dict[str, float]:
     values = {k: float(np.asarray(v)) for k, v in scalars.items()}
     if self.enabled:
-      with open(self.path, 'a') as f:
-        f.write(json.dumps(dict(step=step, **values)) + '\n')
+      workdir_lib.append_text(self.path,
+                              json.dumps(dict(step=step, **values)) + '\n')
       for k, v in values.items():
         self._tb.add_scalar(k, v, step)
       self._tb.flush()
@@ -59,14 +58,12 @@ class Writer:
     (none when it starts from scratch): the steps after it are redone. A
     torn last line goes too; the file is replaced whole. Returns the
     seconds the earlier run spent on the steps to redo (0 if unknown)."""
-    if not self.enabled or not os.path.exists(self.path):
+    if not self.enabled or not workdir_lib.exists(self.path):
       return 0.0
     records = read_file(self.path)
-    kept = [json.dumps(r) + '\n' for r in records
-            if step and r.get('step', 0) <= step]
-    with open(self.path + '.tmp', 'w') as f:
-      f.writelines(kept)
-    os.replace(self.path + '.tmp', self.path)
+    workdir_lib.write_text(self.path, ''.join(
+        json.dumps(r) + '\n' for r in records
+        if step and r.get('step', 0) <= step))
     return redone_seconds(records, step)
 
   def goodput(self, step: int, values: dict[str, float]) -> None:
@@ -77,19 +74,17 @@ class Writer:
     for k, v in values.items():
       self._tb.add_scalar(k, v, step)
     self._tb.flush()
-    path = workdir_lib.path(self.workdir, workdir_lib.GOODPUT)
-    with open(path + '.tmp', 'w') as f:
-      json.dump(dict(step=step, **values), f, indent=1)
-    os.replace(path + '.tmp', path)
+    workdir_lib.write_text(workdir_lib.path(self.workdir, workdir_lib.GOODPUT),
+                           json.dumps(dict(step=step, **values), indent=1))
 
   def samples(self, step: int, records: list[dict[str, Any]]) -> None:
     """Sample records to <workdir>/samples.jsonl (one line each, with the
     step) and as TensorBoard text."""
     if not self.enabled:
       return
-    with open(workdir_lib.path(self.workdir, workdir_lib.SAMPLES), 'a') as f:
-      for record in records:
-        f.write(json.dumps(dict(step=step, **record)) + '\n')
+    workdir_lib.append_text(
+        workdir_lib.path(self.workdir, workdir_lib.SAMPLES),
+        ''.join(json.dumps(dict(step=step, **r)) + '\n' for r in records))
     self._tb.add_text('samples', '\n\n'.join(
         f'**{r["prompt"]!r}** -> ' + ', '.join(
             f'{c!r} ({reward:g})' for c, reward in zip(r['completions'],
@@ -132,8 +127,7 @@ def read(workdir: str) -> list[dict[str, float]]:
 def read_file(path: str) -> list[dict[str, float]]:
   """The records of a metrics.jsonl; a torn last line (a write cut short)
   is left out."""
-  with open(path) as f:
-    lines = f.read().splitlines()
+  lines = workdir_lib.read_text(path).splitlines()
   records = []
   for i, line in enumerate(lines):
     try:

@@ -32,8 +32,8 @@ def check_lora_block(block: Any) -> None:
 
 
 def _trained_config(workdir: str) -> ml_collections.ConfigDict:
-  with open(workdir_lib.path(workdir, workdir_lib.CONFIG)) as f:
-    return ml_collections.ConfigDict(json.load(f))
+  return ml_collections.ConfigDict(json.loads(workdir_lib.read_text(
+      workdir_lib.path(workdir, workdir_lib.CONFIG))))
 
 
 def architecture(block: Any) -> ModelConfig:
