@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 import time
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# libtpu describes TPU topologies on a CPU host (the test extra installs it;
+# the current-JAX check in .ci/run does not).
+needs_libtpu = pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
+                                  reason='TPU topologies need libtpu')
 
 
 def env(**extra: str) -> dict[str, str]:

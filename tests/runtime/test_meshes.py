@@ -5,6 +5,7 @@ import jax
 from jax.experimental import topologies
 import pytest
 
+from tests import helpers
 from tunix_pw.configs import common
 from tunix_pw.errors import UsageError
 from tunix_pw.runtime import meshes
@@ -65,6 +66,7 @@ def test_oversubscription_and_bad_specs_are_usage_errors(roles, layout,
     meshes.build(common.meshes(layout, **roles), jax.devices())
 
 
+@helpers.needs_libtpu
 def test_mesh_on_a_v5p_topology_description():
   topology = topologies.get_topology_desc(platform='tpu',
                                           topology_name='v5p:4x4x4')
@@ -77,6 +79,7 @@ def test_mesh_on_a_v5p_topology_description():
   assert len(built.union.devices) == 64
 
 
+@helpers.needs_libtpu
 def test_slices_select_whole_slices_on_a_multislice_topology():
   topology = topologies.get_topology_desc(platform='tpu',
                                           topology_name='v5p:2x2x2',

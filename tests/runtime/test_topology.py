@@ -2,6 +2,7 @@
 
 import pytest
 
+from tests import helpers
 from tunix_pw.errors import UsageError
 from tunix_pw.runtime import topology
 
@@ -35,6 +36,7 @@ def test_bad_names_are_one_sentence(name, says):
     topology.parse(name, '--compile_topology')
 
 
+@helpers.needs_libtpu
 def test_devices_of_several_slices():
   """libtpu describes every device of the slices, no TPU needed."""
   devices = topology.devices(topology.parse('v5litepod-16'), num_slices=2)
