@@ -76,21 +76,13 @@ PHASES = {'sft': ('step', 'save'), 'dpo': ('step', 'save'),
           'grpo': ('rollout', 'logps', 'update', 'sync', 'eval', 'save')}
 
 
-COLLOCATED = ['--config.meshes.layout=collocated',
-              '--config.meshes.actor.axes=fsdp=8',
-              '--config.meshes.actor.devices=all',
-              '--config.meshes.reference.axes=fsdp=8',
-              '--config.meshes.rollout.axes=fsdp=1,tp=8',
-              '--config.meshes.rollout.devices=all']
-
-
 def placement(job: str, processes: int) -> list[str]:
   """Mesh flags: SFT and DPO on one device per process, GRPO as runlocal
   (the actor and the rollout on 4 devices each) or, over 2 processes,
   collocated on all 8 (a disaggregated actor would live on one process).
   A stopped peer is noticed after 10 s."""
   if job == 'grpo':
-    flags = COLLOCATED if processes > 1 else []
+    flags = helpers.GRPO_COLLOCATED if processes > 1 else []
   else:
     flags = [f'--config.runtime.host_device_count={processes}',
              f'--config.meshes.actor.axes=fsdp={processes}']

@@ -17,6 +17,15 @@ needs_libtpu = pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
                                   reason='TPU topologies need libtpu')
 
 
+# GRPO's runlocal with every role on all 8 devices.
+GRPO_COLLOCATED = ['--config.meshes.layout=collocated',
+                   '--config.meshes.actor.axes=fsdp=8',
+                   '--config.meshes.actor.devices=all',
+                   '--config.meshes.reference.axes=fsdp=8',
+                   '--config.meshes.rollout.axes=fsdp=1,tp=8',
+                   '--config.meshes.rollout.devices=all']
+
+
 def env(**extra: str) -> dict[str, str]:
   """The test environment for a child process: CPU JAX, repo importable."""
   out = {k: v for k, v in os.environ.items()

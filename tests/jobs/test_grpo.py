@@ -24,12 +24,7 @@ from tunix_pw.sampling.rollout import SamplingConfig
 from tunix_pw.sampling.sampler import Sampler
 from tunix_pw.train import metrics
 
-COLLOCATED = ['--config.meshes.layout=collocated',
-              '--config.meshes.actor.axes=fsdp=8',
-              '--config.meshes.actor.devices=all',
-              '--config.meshes.reference.axes=fsdp=8',
-              '--config.meshes.rollout.axes=fsdp=1,tp=8',
-              '--config.meshes.rollout.devices=all']
+COLLOCATED = helpers.GRPO_COLLOCATED
 PULSE = ['--config.steps=2', '--config.eval_examples=0',
          '--config.checkpoint.every=0']
 
