@@ -41,7 +41,7 @@ def test_a_checkpoint_resumes_on_another_topology(tmp_path, processes):
   moved = helpers.run_main(*new, f'--workdir={tmp_path / "moved"}')
   assert moved.returncode == 0, moved.stderr[-3000:]
   assert (f'sft: resumed from step 2 (written on 8 devices by {processes} '
-          'processes; now 4 and 1)') in moved.stdout
+          f'process{"es" * (processes > 1)}; now 4 and 1)') in moved.stdout
   assert ("on a new placement: meshes.actor.axes 'fsdp=8' -> 'fsdp=4', "
           'runtime.host_device_count 8 -> 4') in moved.stdout
   straight = helpers.run_main(*new, f'--workdir={tmp_path / "straight"}')
