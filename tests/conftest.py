@@ -46,12 +46,15 @@ def trained_sft(tmp_path_factory):
 
 # The suite runs on 2 xdist workers (pyproject.toml's addopts), each test
 # file whole on one of them, so that its module fixtures are built once;
-# the longest files (measured: about 290, 195, 165, 150 and 125 s alone) go
-# first, so that no worker runs a long one alone at the end, the one that
-# trains `trained_sft` first of all (the others that share it come later).
+# the longest files (measured: about 290, 195, 165, 150 and 125 s alone,
+# then about 100 s each) go first, so that no worker runs a long one alone
+# at the end, the one that trains `trained_sft` first of all (the others
+# that share it come later).
 LONGEST = ('tests/jobs/test_reward_model.py', 'tests/jobs/test_grpo.py',
            'tests/test_compile_only.py', 'tests/jobs/test_distill.py',
-           'tests/jobs/test_demo.py', 'tests/jobs/test_trainers.py')
+           'tests/jobs/test_demo.py', 'tests/jobs/test_trainers.py',
+           'tests/test_gcs.py', 'tests/test_faults.py',
+           'tests/launch/test_local.py')
 
 
 def pytest_collection_modifyitems(items):
