@@ -13,6 +13,9 @@ class UsageError(Exception):
   """
 
 
+OUT_OF_SPACE = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
+
+
 def disk_full(error: BaseException) -> str:
   """The first line of the out-of-space error in `error`'s chain ('' when
   it holds none). Orbax's writes fail as tensorstore's ValueError, whose
@@ -28,5 +31,3 @@ def disk_full(error: BaseException) -> str:
     error = error.__cause__ or error.__context__
   return ''
 
-
-OUT_OF_SPACE = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))

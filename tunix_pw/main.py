@@ -258,20 +258,9 @@ def main(argv: Sequence[str]) -> None:
       workdir.mkdir(parents=True, exist_ok=True)
       (workdir / workdir_lib.CONFIG).write_text(
           config.to_json_best_effort(indent=2))
-
-    def attempt(now: backend.Runtime) -> None:
-      """The job on `now.devices` (fewer after an elastic slice loss)."""
-      on = role_meshes
-      if now.devices != runtime.devices:
-        on = meshes.build(config.meshes, now.devices)
-        if now.is_coordinator:
-          print(f'meshes: {on.describe()}', flush=True)
-      try:
-        job.run(config, now, on, str(workdir), preemption)
-      finally:
-        metrics.close_all()
-
-    elastic.run(config.runtime.elastic, runtime, attempt)
+    elastic.run(config.runtime.elastic, runtime, lambda now: _run_job(
+        config, job, now, role_meshes if now.devices == runtime.devices
+        else None, str(workdir), preemption))
   except UsageError as e:
     _fail(str(e))
   except Preempted as e:
@@ -282,6 +271,21 @@ def main(argv: Sequence[str]) -> None:
     if not (detail := disk_full(e)):
       raise
     _disk_is_full(WORKDIR.value, detail)
+
+
+def _run_job(config: ml_collections.ConfigDict, job: Any,
+             runtime: backend.Runtime, role_meshes: meshes.RoleMeshes | None,
+             workdir: str, preemption: Preemption) -> None:
+  """The job on `role_meshes`, or on meshes built anew on `runtime.devices`
+  (fewer after an elastic slice loss)."""
+  if role_meshes is None:
+    role_meshes = meshes.build(config.meshes, runtime.devices)
+    if runtime.is_coordinator:
+      print(f'meshes: {role_meshes.describe()}', flush=True)
+  try:
+    job.run(config, runtime, role_meshes, workdir, preemption)
+  finally:
+    metrics.close_all()
 
 
 def _disk_is_full(workdir: str, detail: str) -> None:

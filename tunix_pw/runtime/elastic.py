@@ -72,8 +72,8 @@ def run(block: Any, runtime: backend.Runtime,
   def on_healthy_slices() -> None:
     attempts[0] += 1
     slices = sorted(manager.active_slice_indices)
-    devices = tuple(d for d in runtime.devices
-                    if any(d in manager.slice_to_devices[i] for i in slices))
+    healthy = {d for i in slices for d in manager.slice_to_devices[i]}
+    devices = tuple(d for d in runtime.devices if d in healthy)
     if runtime.is_coordinator and attempts[0] > 1:
       print(f'elastic: attempt {attempts[0]} on slices {slices} '
             f'({len(devices)} of {len(runtime.devices)} devices)', flush=True)
