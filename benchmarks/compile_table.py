@@ -2,7 +2,9 @@
 
 Runs `tunix_pw.main --compile_topology` (libtpu topology descriptions, no
 TPU) for gemma2-2b, gemma2-9b and gemma3-27b GRPO on v5p-128, v5p-512 and
-v5p-2048, and gemma2-9b on 4 slices of v5litepod-256, one process each.
+v5p-2048, and gemma2-9b on 4 slices of v5litepod-256, as Pathways jobs;
+gemma2-2b and gemma2-9b on 2 x v6e-256 as multi-controller jobs, actor and
+rollout a slice each. One process each.
 Every job is the grpo config's real-size default (32+ prompts x 8
 generations, prompts of 256 and 512 new tokens, actor + reference on half
 the chips, rollout on the other half; collocated on several slices) with
@@ -30,25 +32,38 @@ from tunix_pw.models import presets  # pylint: disable=g-import-not-at-top,wrong
 from tunix_pw.runtime import topology  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 GIB = 1 << 30
-ROWS = [(model, tpu, 1)
+PATHWAYS, MULTI = 'pathways', 'multi_controller'
+ROWS = [(model, tpu, 1, PATHWAYS)
         for model in ('gemma2-2b', 'gemma2-9b', 'gemma3-27b')
         for tpu in ('v5p-128', 'v5p-512', 'v5p-2048')]
-ROWS.append(('gemma2-9b', 'v5litepod-256', 4))
+ROWS.append(('gemma2-9b', 'v5litepod-256', 4, PATHWAYS))
+# Multi-controller (XPK mcjax), disaggregated by slice: actor + reference on
+# slice 0, rollout on slice 1; weights cross hosts by union_jit.
+ROWS += [(model, 'v6e-256', 2, MULTI) for model in ('gemma2-2b', 'gemma2-9b')]
 
 
-def overrides(model: str, chips: int, slices: int) -> list[str]:
+def overrides(model: str, chips: int, slices: int, backend: str
+              ) -> list[str]:
   """One sample per actor device per micro batch; at least the default 32
   prompts x 8 generations per step. FSDP inside a slice and as wide as the
   model's width divides (a dimension that does not divide its mesh axis is
   replicated: gemma3-27b's 5376 over 512 devices would be whole on each),
   data parallel over the rest (across slices: the outer axis, over DCN)."""
-  # Several slices: every role on every chip (libtpu 0.0.42 dies with
-  # SIGILL compiling a train step on 2 of 4 v5e-256 slices).
-  layout = [] if slices == 1 else [
-      '--config.meshes.layout=collocated', '--config.meshes.actor.devices=all',
-      '--config.meshes.rollout.devices=all',
-      '--config.meshes.rollout.axes=data=-1,tp=16']
-  actor = chips * slices // (1 if layout else 2)
+  if backend == MULTI:  # a slice each
+    layout = ['--config.meshes.actor.devices=slices:0:1',
+              f'--config.meshes.rollout.devices=slices:1:{slices}']
+  elif slices > 1:
+    # Every role on every chip (libtpu 0.0.42 dies with SIGILL compiling a
+    # train step on 2 of 4 v5e-256 slices).
+    layout = [
+        '--config.meshes.layout=collocated',
+        '--config.meshes.actor.devices=all',
+        '--config.meshes.rollout.devices=all',
+        '--config.meshes.rollout.axes=data=-1,tp=16']
+  else:
+    layout = []
+  actor = chips if backend == MULTI else chips * slices // (
+      2 if slices == 1 else 1)
   samples = max(256, actor)
   fsdp = math.gcd(min(actor, chips), presets.PRESETS[model].embed_dim)
   axes = f'data={actor // fsdp},fsdp={fsdp}'
@@ -60,7 +75,7 @@ def overrides(model: str, chips: int, slices: int) -> list[str]:
                    f'--config.rl.logps_micro_batch_size={actor}']
 
 
-def run(model: str, tpu: str, slices: int) -> dict:
+def run(model: str, tpu: str, slices: int, backend: str) -> dict:
   chips = topology.parse(tpu).chips
   with tempfile.TemporaryDirectory() as workdir:
     start = time.perf_counter()
@@ -68,8 +83,10 @@ def run(model: str, tpu: str, slices: int) -> dict:
         [sys.executable, '-m', 'tunix_pw.main',
          f'--config=tunix_pw/configs/grpo.py:{model}',
          '--config.model.dtype=bfloat16',
-         '--config.model.remat=full', *overrides(model, chips, slices),
+         '--config.model.remat=full',
+         *overrides(model, chips, slices, backend),
          f'--compile_topology={tpu}', f'--compile_num_slices={slices}',
+         f'--compile_backend={backend}',
          f'--workdir={workdir}'],
         cwd=ROOT, capture_output=True, text=True,
         env=dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=ROOT))
@@ -81,7 +98,8 @@ def run(model: str, tpu: str, slices: int) -> dict:
     with open(path) as f:
       report = json.load(f)
   worst = max(report['groups'], key=lambda g: g['peak'])
-  return dict(model=model, tpu=tpu, slices=slices, chips=report['chips'],
+  return dict(model=model, tpu=tpu, slices=slices, backend=backend,
+              chips=report['chips'],
               peak_gib=round(report['peak_per_device'] / GIB, 2),
               hbm_gib=round(report['hbm_per_device'] / GIB, 2),
               roles=worst['roles'], largest_phase=worst['largest_phase'],
@@ -94,19 +112,19 @@ def run(model: str, tpu: str, slices: int) -> dict:
 def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument('--only', default='',
-                      help='rows, comma-separated: a model, a TPU type or '
-                      'model@tpu')
+                      help='rows, comma-separated: a model, a TPU type, '
+                      'model@tpu or a backend')
   only = [m for m in parser.parse_args().only.split(',') if m]
   rows = []
-  print('| model | slices x TPU | chips | peak HBM per device | worst devices '
-        '(largest phase) | fits | programs | compile s |\n'
-        '| --- | --- | --- | --- | --- | --- | --- | --- |', flush=True)
-  for model, tpu, slices in ROWS:
-    if only and not {model, tpu, f'{model}@{tpu}'} & set(only):
+  print('| model | slices x TPU | backend | chips | peak HBM per device | '
+        'worst devices (largest phase) | fits | programs | compile s |\n'
+        '| --- | --- | --- | --- | --- | --- | --- | --- | --- |', flush=True)
+  for model, tpu, slices, backend in ROWS:
+    if only and not {model, tpu, f'{model}@{tpu}', backend} & set(only):
       continue
-    row = run(model, tpu, slices)
+    row = run(model, tpu, slices, backend)
     rows.append(row)
-    print(f'| {model} | {slices} x {tpu} | {row["chips"]} | '
+    print(f'| {model} | {slices} x {tpu} | {backend} | {row["chips"]} | '
           f'{row["peak_gib"]} of {row["hbm_gib"]} GiB | '
           f'{"+".join(row["roles"])} ({row["largest_phase"]}) | '
           f'{"yes" if row["fits"] else "no"} | {row["programs"]} | '

@@ -29,13 +29,15 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import types
 from typing import Any
 
 from absl import app, flags
 
 from tunix_pw import checks, main as tunix_main
 from tunix_pw.errors import UsageError
-from tunix_pw.runtime import topology
+from tunix_pw.rl import asynchronous
+from tunix_pw.runtime import meshes, topology
 from tunix_pw.runtime.preemption import EXIT_PREEMPTED
 
 _XPK_CONFIG = flags.DEFINE_string('xpk_config', None,
@@ -57,6 +59,7 @@ FIELDS = {'cluster': str, 'project': str, 'zone': str, 'tpu_type': str,
 # those of a signal-killed process, as XPK's multi-controller manifests do.
 RESTART_CODES = [EXIT_PREEMPTED] + list(range(127, 256))
 CHIPS_PER_HOST = 4
+TRAINED_ROLES = ('actor', 'critic')  # what a checkpoint holds
 # A checkpoint's write rate per host to GCS, conservatively, and the margin
 # for the agreement on the stop and Orbax's commit.
 WRITE_BYTES_PER_S = 200 << 20
@@ -124,16 +127,28 @@ def checkpoint_bytes(config: Any) -> int:
                  for x in jax.tree.leaves(params))
 
 
+def hosts(xpk_config: dict[str, Any], config: Any = None) -> int:
+  """The job's hosts; given its run config, those holding the trained
+  roles' devices, which write the checkpoints (a disaggregated layout
+  leaves the rollout's hosts out)."""
+  tpu = topology.parse(xpk_config['tpu_type'])
+  devices = [types.SimpleNamespace(id=i, slice_index=i // tpu.chips)
+             for i in range(tpu.chips * xpk_config['num_slices'])]
+  selected = (meshes.select(config.meshes, devices)
+              if config is not None and 'meshes' in config else {})
+  trained = [d for role in TRAINED_ROLES for d in selected.get(role, [])]
+  return len({d.id // CHIPS_PER_HOST for d in trained or devices})
+
+
 def termination_grace(config: Any, xpk_config: dict[str, Any]) -> tuple[
     int, str]:
   """The xpk_config's grace, raised to what a checkpoint takes if short."""
-  tpu = topology.parse(xpk_config['tpu_type'])
-  hosts = max(tpu.chips // CHIPS_PER_HOST, 1) * xpk_config['num_slices']
+  writers = hosts(xpk_config, config)
   size = checkpoint_bytes(config)
-  needed = math.ceil(size / hosts / WRITE_BYTES_PER_S) + GRACE_MARGIN_S
+  needed = math.ceil(size / writers / WRITE_BYTES_PER_S) + GRACE_MARGIN_S
   grace = max(xpk_config['termination_grace_seconds'], needed)
   return grace, (f'{grace} s (a {size / 2**30:.1f} GiB checkpoint written by '
-                 f'{hosts} hosts needs about {needed} s)')
+                 f'{writers} hosts needs about {needed} s)')
 
 
 def job_flags(argv: list[str]) -> list[str]:
@@ -245,6 +260,10 @@ def launch(argv: list[str]) -> str:
   config = tunix_main.CONFIG.value
   with checks.limited(files=False):  # the files are in its image and mounts
     tunix_main.static_checks(config)
+  if xpk_config['mode'] == 'mcjax':  # refused by a job's processes only
+    for block in [config] + [config[s] for s in config.get('stages', ())]:
+      if 'rl' in block:
+        asynchronous.check_controllers(block, hosts(xpk_config))
   workdir = tunix_main.WORKDIR.value
   if not (workdir.startswith('gs://') or os.path.isabs(workdir)):
     raise UsageError(f'--workdir={workdir!r} must outlive the pods (restarts '

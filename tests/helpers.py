@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
 import time
+from typing import Any
 
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,12 +73,30 @@ def run_main(*args: str, timeout: float = 300, kill_at_step: int = 0,
                         timeout=timeout)
 
 
-def launch_local(num_processes: int, *args: str,
-                 timeout: float = 300) -> subprocess.CompletedProcess:
+def launch_local(num_processes: int, *args: str, timeout: float = 300,
+                 **extra_env: str) -> subprocess.CompletedProcess:
   return subprocess.run(
       [sys.executable, os.path.join(ROOT, 'launch', 'local.py'),
        f'--num_processes={num_processes}', '--', *args],
-      cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout)
+      cwd=ROOT, env=env(**extra_env), capture_output=True, text=True,
+      timeout=timeout)
+
+
+def fault(**spec: Any) -> dict[str, str]:
+  """The environment that has benchmarks/inject strike a job's processes
+  (its docstring: phase, call, signal, process, ...)."""
+  return dict(PYTHONPATH=f'{ROOT}/benchmarks/inject:{ROOT}',
+              TUNIX_PW_FAULT=json.dumps(spec))
+
+
+def host_state(workdir, step: int) -> list[np.ndarray]:
+  """A checkpoint's state as numpy arrays, whatever devices wrote it."""
+  path = os.path.join(workdir, 'checkpoints', str(step), 'state')
+  checkpointer = ocp.PyTreeCheckpointer()
+  structure = checkpointer.metadata(path).item_metadata.tree
+  args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                      structure)
+  return jax.tree.leaves(checkpointer.restore(path, restore_args=args))
 
 
 def error_lines(stderr: str) -> list[str]:

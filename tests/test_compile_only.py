@@ -64,6 +64,29 @@ def test_grpo_gemma3_1b_fits_a_v5e_16(tmp_path):
   assert 'peak' in result.stdout and 'fits' in result.stdout
 
 
+def test_a_multi_controller_sync_compiles_union_jit(tmp_path):
+  """Disaggregated on a v5e-16's 4 hosts (actor on host 0, rollout on host
+  1): a multi-controller job moves weights between processes by union_jit,
+  one select program over both sides per parameter (so on the actor side
+  too), then the relayouts; a Pathways job by two_hop's relayouts alone."""
+  counts = {}
+  for backend in ('pathways', 'multi_controller'):
+    result = helpers.run_main(
+        '--config=tunix_pw/configs/grpo.py:runlocal',
+        '--compile_topology=v5litepod-16', f'--compile_backend={backend}',
+        f'--workdir={tmp_path / backend}')
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / backend /
+                         'compile_report.json').read_text())
+    assert report['backend'] == backend
+    counts[backend] = {k: p['count'] for k, p in report['programs'].items()}
+  pathways, multi = counts['pathways'], counts['multi_controller']
+  leaves = multi['weight sync out']
+  assert pathways['weight sync out'] == 0 and 0 < pathways['weight sync in']
+  assert leaves == 11  # tiny-gemma's parameter leaves
+  assert multi['weight sync in'] == leaves + pathways['weight sync in']
+
+
 @pytest.mark.parametrize('algorithm', ['dpo', 'kto'])
 def test_dpo_compiles_its_train_step_and_reference(tmp_path, algorithm):
   """A DPO (KTO) check through main: the train step on pairs (on each

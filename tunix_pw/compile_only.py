@@ -29,12 +29,10 @@ import numpy as np
 
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints, decoder
-from tunix_pw.runtime import backend, meshes as meshes_lib, sharding, topology
+from tunix_pw.runtime import (backend, meshes as meshes_lib, reshard,
+                              sharding, topology)
 from tunix_pw.train import scoring, setup
 from tunix_pw import workdir as workdir_lib
-
-COMPILE_ONLY = 'compile_only'  # the Runtime backend of these checks
-
 
 @dataclasses.dataclass
 class Phase:
@@ -57,10 +55,40 @@ class Phase:
   note: Callable[[], str] = lambda: ''
 
 
+@dataclasses.dataclass(frozen=True)
+class Sync:
+  """A weight sync: the actor's `params` to `targets` (the rollout's
+  shardings), in the run's groups and in-flight bound."""
+
+  params: Any  # ShapeDtypeStructs with shardings
+  targets: Any
+  budget: reshard.Budget
+
+
 @dataclasses.dataclass
 class Plan:
   resident: dict[str, dict[str, int]]  # role -> item -> bytes per device
   phases: list[Phase]
+  sync: Sync | None = None  # compiled as the backend's rung would move it
+
+
+def sync_phases(sync: Sync, runtime: backend.Runtime) -> list[Phase]:
+  """The weight sync's programs on each side (the rung the backend's run
+  would take, reshard.compile_relayouts); the engine serves the old weights
+  until the new ones have landed."""
+  leaves, targets = jax.tree.leaves(sync.params), jax.tree.leaves(
+      sync.targets)
+
+  def programs(side):
+    return lambda: reshard.compile_relayouts(
+        leaves, [x.sharding for x in targets], runtime,
+        sync.budget.group_bytes)[side]
+
+  return [Phase('weight sync in', 'rollout', programs('target'),
+                held=per_device(sync.targets),
+                inflight=sync.budget.max_inflight),
+          Phase('weight sync out', 'actor', programs('source'),
+                inflight=sync.budget.max_inflight)]
 
 
 def per_device(tree: Any) -> int:
@@ -221,25 +249,31 @@ def _span(ids: Sequence[int]) -> str:
 
 
 def check(config: Any, job: Any, tpu_type: str, num_slices: int,
-          workdir: str | None) -> None:
-  """Compiles `job`'s programs for the slice, prints the per-device report
-  and writes it as JSON into `workdir` (when given). Raises UsageError with
-  the numbers when a device would need more than its HBM."""
+          workdir: str | None, backend_name: str = backend.PATHWAYS) -> None:
+  """Compiles `job`'s programs for the slice as a job on `backend_name`
+  (Pathways or multi-controller: the weight sync's programs differ) would
+  run them, prints the per-device report and writes it as JSON into
+  `workdir` (when given). Raises UsageError with the numbers when a device
+  would need more than its HBM."""
   if not hasattr(job, 'compile_plan'):
     raise UsageError(f'--compile_topology: the {config.job} job has no '
                      'compile plan; compile-only checks cover the grpo, '
                      'sft and dpo jobs.')
   tpu = topology.parse(tpu_type, '--compile_topology')
   devices = topology.devices(tpu, num_slices)
-  runtime = backend.Runtime(COMPILE_ONLY, f'{num_slices} x {tpu.name} '
-                            'topology descriptions', 0, 1, tuple(devices))
+  processes = (1 if backend_name == backend.PATHWAYS else
+               len({d.process_index for d in devices}))
+  runtime = backend.Runtime(backend_name, f'compile only: {num_slices} x '
+                            f'{tpu.name} topology descriptions', 0, processes,
+                            tuple(devices))
   meshes = meshes_lib.build(config.meshes, runtime.devices)
   hbm = tpu.hbm_bytes * tpu.chips * num_slices // len(devices)
   print(f'{runtime.describe()}; meshes: {meshes.describe()}', flush=True)
 
   plan = job.compile_plan(config, meshes)
   measured = []
-  for phase in plan.phases:
+  for phase in plan.phases + (sync_phases(plan.sync, runtime) if plan.sync
+                              else []):
     print(f'compiling {phase.name} on {phase.role} ...', flush=True)
     measured.append(_measure(phase))
 
@@ -279,7 +313,7 @@ def check(config: Any, job: Any, tpu_type: str, num_slices: int,
   seconds = sum(m.seconds for m in measured)
   fits = worst['peak'] <= hbm
   report = dict(job=config.job, model=config.model.preset,
-                tpu_type=tpu.name, num_slices=num_slices,
+                backend=backend_name, tpu_type=tpu.name, num_slices=num_slices,
                 chips=tpu.chips * num_slices, devices=len(devices),
                 hbm_per_device=hbm, peak_per_device=worst['peak'],
                 fits=fits, compile_seconds=seconds,

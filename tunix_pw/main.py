@@ -56,6 +56,12 @@ _COMPILE_TOPOLOGY = flags.DEFINE_string(
     'when the job does not fit. Needs libtpu, not a TPU.')
 _COMPILE_NUM_SLICES = flags.DEFINE_integer(
     'compile_num_slices', 1, 'Slices of --compile_topology.')
+_COMPILE_BACKEND = flags.DEFINE_enum(
+    'compile_backend', backend.PATHWAYS,
+    [backend.PATHWAYS, backend.MULTI_CONTROLLER],
+    'The backend --compile_topology compiles for: one Pathways controller, '
+    "or one process per host (XPK's mcjax), whose weight sync between "
+    'processes runs other programs.')
 _CHECK_ONLY = flags.DEFINE_bool(
     'check_only', False, 'Run both validation phases (the config, then the '
     'devices) and exit 0 or 2; nothing is written, no job runs.')
@@ -230,7 +236,8 @@ def main(argv: Sequence[str]) -> None:
       with checks.limited(files=False, data=False):
         job = static_checks(config)
         compile_only.check(config, job, _COMPILE_TOPOLOGY.value,
-                           _COMPILE_NUM_SLICES.value, WORKDIR.value)
+                           _COMPILE_NUM_SLICES.value, WORKDIR.value,
+                           _COMPILE_BACKEND.value)
       return
     job = static_checks(config)
     workdir = epath.Path(WORKDIR.value or '.')

@@ -299,17 +299,25 @@ def test_two_controllers_match_one(tmp_path):
                                  err_msg=key)
 
 
-def test_an_actor_on_one_of_two_controllers_is_refused(tmp_path):
-  """Disaggregated over 2 processes x 4 devices, the actor (devices 0-3)
-  lives on process 0 only: Orbax could not checkpoint it, so the run stops
-  before its first step with exit 2 and one sentence."""
-  result = helpers.launch_local(
-      2, '--config=tunix_pw/configs/grpo.py:runlocal', *PULSE,
-      f'--workdir={tmp_path}')
-  assert result.returncode == 2, result.stdout[-3000:]
-  assert ('the trained state lives on the devices of processes [0] only'
-          in result.stdout)
-  assert not (tmp_path / 'metrics.jsonl').exists()
+def test_disaggregated_over_two_controllers_matches_one(tmp_path):
+  """Disaggregated over 2 processes x 4 devices: the actor on process 0's,
+  the rollout on process 1's (rollouts cross back to the trainer); the
+  figures equal one process's on the same layout (tests/jobs/
+  test_topology.py: its checkpoints and resume)."""
+  args = ['--config=tunix_pw/configs/grpo.py:runlocal', *PULSE,
+          '--config.rl.rewards=digits:1']
+  one = helpers.run_main(*args, f'--workdir={tmp_path / "one"}')
+  assert one.returncode == 0, one.stderr[-3000:]
+  two = helpers.launch_local(2, *args, f'--workdir={tmp_path / "two"}')
+  assert two.returncode == 0, two.stdout[-3000:]
+  logged = [[m for m in metrics.read(str(tmp_path / run)) if 'loss' in m]
+            for run in ('one', 'two')]
+  assert len(logged[0]) == len(logged[1]) == 2
+  assert logged[0][-1]['reward_std'] > 0
+  for a, b in zip(*logged):
+    for key in ('loss', 'reward_mean', 'grad_norm', 'entropy', 'kl'):
+      np.testing.assert_allclose(b[key], a[key], rtol=1e-6, atol=1e-7,
+                                 err_msg=key)
 
 
 def test_a_mixture_scores_each_dataset_by_its_rewards(tmp_path):

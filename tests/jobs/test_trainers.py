@@ -202,16 +202,6 @@ def test_two_controllers_resume_bit_identical(tmp_path):
   assert 0 < int(stopped) < 14
   resumed = helpers.launch_local(2, *args, f'--workdir={tmp_path / "b"}')
   assert resumed.returncode == 0, resumed.stdout[-3000:]
-  for a, b in zip(host_state(tmp_path / 'a', 14),
-                  host_state(tmp_path / 'b', 14)):
+  for a, b in zip(helpers.host_state(tmp_path / 'a', 14),
+                  helpers.host_state(tmp_path / 'b', 14)):
     np.testing.assert_array_equal(a, b)
-
-
-def host_state(workdir, step):
-  """A checkpoint's state as numpy arrays, whatever devices wrote it."""
-  path = str(workdir / 'checkpoints' / str(step) / 'state')
-  checkpointer = ocp.PyTreeCheckpointer()
-  structure = checkpointer.metadata(path).item_metadata.tree
-  args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
-                      structure)
-  return jax.tree.leaves(checkpointer.restore(path, restore_args=args))

@@ -113,7 +113,6 @@ def test_a_dead_process_is_restarted_on_the_survivors(tmp_path):
   starts the job again on the one survivor, with its 4 devices -> it
   resumes from the last complete checkpoint on the smaller topology and
   finishes."""
-  fault = json.dumps(dict(phase='step', call=6, signal='SIGKILL', process=1))
   result = subprocess.run(
       [sys.executable, 'launch/local.py', '--num_processes=2', '--restarts=1',
        '--', '--config=tunix_pw/configs/sft.py:runlocal',
@@ -121,9 +120,8 @@ def test_a_dead_process_is_restarted_on_the_survivors(tmp_path):
        '--config.meshes.actor.axes=fsdp=-1', '--config.steps=8',
        '--config.log_every=1', '--config.checkpoint.every=2',
        '--config.eval_examples=0', f'--workdir={tmp_path}'],
-      cwd=helpers.ROOT, env=helpers.env(
-          PYTHONPATH=f'{helpers.ROOT}/benchmarks/inject:{helpers.ROOT}',
-          TUNIX_PW_FAULT=fault),
+      cwd=helpers.ROOT, env=helpers.env(**helpers.fault(
+          phase='step', call=6, signal='SIGKILL', process=1)),
       capture_output=True, text=True, timeout=300)
   out = result.stdout
   assert result.returncode == 0, out[-3000:]

@@ -96,12 +96,19 @@ def test_the_grace_period_fits_a_checkpoint(tmp_path):
                   f'--manifest={manifest}')
   assert result.returncode == 0, result.stderr[-2000:]
   # gemma2-2b: 2.61e9 float32 parameters and two Adam moments = 29.2 GiB,
-  # written by 4 hosts at 200 MiB/s, plus a 60 s margin: 98 s.
-  assert 'a 29.2 GiB checkpoint written by 4 hosts needs about 98 s' in \
+  # written by the actor's hosts, 2 of the 4 in the default disaggregated
+  # layout, at 200 MiB/s, plus a 60 s margin: 135 s.
+  assert 'a 29.2 GiB checkpoint written by 2 hosts needs about 135 s' in \
       result.stdout
   pod = jobset(manifest)['spec']['replicatedJobs'][0]['template']['spec'][
       'template']['spec']
-  assert pod['terminationGracePeriodSeconds'] == 98
+  assert pod['terminationGracePeriodSeconds'] == 135
+  collocated = launch(tmp_path, f'--xpk_config={config}', *RUN,
+                      '--config.meshes.layout=collocated',
+                      '--config.meshes.actor.devices=all',
+                      '--config.meshes.rollout.devices=all', '--dry_run',
+                      f'--manifest={manifest}')
+  assert 'written by 4 hosts needs about 98 s' in collocated.stdout
 
 
 @pytest.mark.parametrize('change, message', [
@@ -138,6 +145,12 @@ def test_a_bad_xpk_config_fails_before_xpk(tmp_path, change, message):
     (['--config=tunix_pw/configs/grpo.py:gemma2-2b',
       '--config.data.name=arithmetic', '--workdir=runs/r1'],
      "--workdir='runs/r1' must outlive the pods"),
+    # What only a multi-controller job's processes would refuse (v5e-16 is
+    # mcjax: 4 hosts).
+    (['--config=tunix_pw/configs/grpo.py:gemma2-2b',
+      '--config.data.name=arithmetic', '--config.rl.max_staleness=1',
+      '--workdir=/gcs/b/r'],
+     '--config.rl.max_staleness needs one controller'),
 ])
 def test_the_run_config_is_validated_first(tmp_path, args, message):
   manifest = tmp_path / 'm.yaml'

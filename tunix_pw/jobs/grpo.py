@@ -394,8 +394,7 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
           token_names=programs.needed + (
               ('advantages',) if rl.advantage in phases.PER_TOKEN
               else ()))),
-      plan_lib.rollout_phase(config, rollout_model, rollout_mesh),
-      *plan_lib.sync_phases(config, programs, rollout_mesh)]
+      plan_lib.rollout_phase(config, rollout_model, rollout_mesh)]
   resident = {'actor': program.resident(policy),
               'rollout': {'rollout copy': compile_only.per_device(
                   nnx.state(rollout_model))}}
@@ -407,5 +406,7 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
   elif 'ref_logps' in programs.needed:
     plan_phases.append(compile_only.reference_phase(
         config, meshes, full_state, lower_logps, resident))
-  return compile_only.Plan(resident, plan_phases)
+  return compile_only.Plan(resident, plan_phases, compile_only.Sync(
+      policy.params, compile_only.on_mesh(policy.params, rollout_mesh, rules),
+      programs.sync))
 

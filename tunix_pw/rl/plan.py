@@ -150,25 +150,6 @@ def batch_shapes(config: Any, count: int, mesh: Any,
   return compile_only.batch_on(mesh, config.sharding, shapes)
 
 
-def sync_phases(config: Any, programs: Plan,
-                rollout_mesh: Any) -> list[compile_only.Phase]:
-  """The weight sync's relayouts, in the run's groups and in-flight bound;
-  the engine serves the old weights until the new ones have landed."""
-  params = programs.policy.params
-  synced = compile_only.on_mesh(params, rollout_mesh, config.sharding)
-
-  def relayouts(side):
-    return lambda: reshard.compile_relayouts(
-        jax.tree.leaves(params), [x.sharding for x in jax.tree.leaves(synced)],
-        programs.sync.group_bytes)[side]
-
-  return [compile_only.Phase('weight sync in', 'rollout', relayouts('target'),
-                             held=compile_only.per_device(synced),
-                             inflight=programs.sync.max_inflight),
-          compile_only.Phase('weight sync out', 'actor', relayouts('source'),
-                             inflight=programs.sync.max_inflight)]
-
-
 def rollout_phase(config: Any, rollout_model: Any,
                   rollout_mesh: Any) -> compile_only.Phase:
   """The rollout engine's program for one step's samples."""

@@ -159,24 +159,26 @@ def _device_grid(shape: tuple[int, ...], devices: list[Any]) -> np.ndarray:
   return np.array(devices, dtype=object).reshape(shape)
 
 
-def build(config: Any, devices: Sequence[Any],
-          prefix: str = '--config.meshes') -> RoleMeshes:
-  """Topology checks and mesh construction for every role of the config."""
-  check(config, prefix)
+def select(config: Any, devices: Sequence[Any],
+           prefix: str = '--config.meshes') -> dict[str, list[Any]]:
+  """Each role's devices (objects with `id` and, on TPU, `slice_index`)."""
   roles = _roles(config)
   # Id order keeps a range on whole hosts (jax.devices() order may not: on
   # TPU it runs along the torus, across hosts).
   ordered = sorted(devices, key=lambda d: (getattr(d, 'slice_index', 0) or 0,
                                            d.id))
-  selected = {}
-  for role, spec in roles.items():
-    if spec.devices not in roles:
-      selected[role] = _select(spec.devices, ordered,
-                               f'{prefix}.{role}.devices')
-  for role, spec in roles.items():
-    if spec.devices in roles:
-      selected[role] = selected[spec.devices]
+  selected = {role: _select(spec.devices, ordered, f'{prefix}.{role}.devices')
+              for role, spec in roles.items() if spec.devices not in roles}
+  return {role: selected[spec.devices if spec.devices in roles else role]
+          for role, spec in roles.items()}
 
+
+def build(config: Any, devices: Sequence[Any],
+          prefix: str = '--config.meshes') -> RoleMeshes:
+  """Topology checks and mesh construction for every role of the config."""
+  check(config, prefix)
+  roles = _roles(config)
+  selected = select(config, devices, prefix)
   owners = [r for r, s in roles.items() if s.devices not in roles]
   if config.layout == 'disaggregated':
     seen = {}

@@ -234,16 +234,31 @@ def _plan_two_hop(leaves, targets, donate: bool) -> MoveGroup:
 
 
 def compile_relayouts(sources: Sequence[Any], targets: Sequence[Any],
+                      runtime: backend.Runtime,
                       group_bytes: int = DEFAULT_GROUP_BYTES
                       ) -> dict[str, list[Any]]:
-  """The compiled steps two_hop runs to move `sources` (ShapeDtypeStructs
-  with shardings) to `targets`, from shapes alone, for compile-only checks:
-  {'source': coarsenings on the source devices, 'target': relayouts on the
-  destination devices}; a leaf that moves in row chunks, per chunk."""
+  """The compiled programs that a run on `runtime` moves `sources`
+  (ShapeDtypeStructs with shardings) to `targets` with, from shapes alone,
+  for compile-only checks: {'source': those on the source devices,
+  'target': those on the destination devices}. The rung is the run's
+  (`_chain`): union_jit's select over both sides, then the relayout, when a
+  multi-controller job moves weights between processes; otherwise two_hop's
+  coarsenings and relayouts, per row chunk for a chunked leaf (they stand in
+  for Pathways' own reshard, which compiles nothing here)."""
+  union = _chain(runtime, sources, targets)[0] == UNION_JIT
   out = {'source': [], 'target': []}
   for x, t in zip(sources, targets):
     if _reorders(x.sharding, t):
       continue  # moved by device_put: its output is all it allocates
+    if union:
+      try:
+        plan = _plan_union_leaf(tuple(x.shape), x.dtype, x.sharding, t)
+      except Unsupported:
+        continue  # the run falls through to device_put, as above
+      out['source'] += [plan.select]
+      out['target'] += [plan.select] + ([plan.relayout] if plan.relayout
+                                        else [])
+      continue
     rows = two_hop.chunk_rows(x, t, group_bytes)
     shape = (rows,) + tuple(x.shape[1:]) if rows else tuple(x.shape)
     plan = two_hop.plan_leaf(shape, x.dtype, x.sharding, t)

@@ -22,6 +22,7 @@ import json
 import logging
 from typing import Any
 
+from etils import epath
 import jax
 from jax.experimental import multihost_utils
 import numpy as np
@@ -33,13 +34,23 @@ from tunix_pw.errors import UsageError
 TOPOLOGY = '_topology'  # in the data item: who wrote the checkpoint
 
 
+def _devices(state: Any) -> set[jax.Device]:
+  return {d for x in jax.tree.leaves(state) if hasattr(x, 'sharding')
+          for d in x.sharding.device_set}
+
+
 def topology(state: Any) -> dict[str, int]:
   """The devices and processes that hold `state` (after an elastic slice
   loss, fewer than the runtime's)."""
-  devices = {d for x in jax.tree.leaves(state) if hasattr(x, 'sharding')
-             for d in x.sharding.device_set}
+  devices = _devices(state)
   return dict(devices=len(devices),
               processes=len({d.process_index for d in devices}))
+
+
+def holders(state: Any) -> set[int]:
+  """The processes whose devices hold a share of `state` (in a
+  disaggregated multi-controller layout, the actor's hosts only)."""
+  return {d.process_index for d in _devices(state)}
 
 
 def _abstract(tree: Any) -> Any:
@@ -50,13 +61,29 @@ def _abstract(tree: Any) -> Any:
 
 
 class Checkpointer:
+  """Only the `holders` of the state (default: every process) write it, as
+  an Orbax manager over that subset of processes; the others, which hold no
+  share, take part in the data-position merge and read that position back
+  on resume. A state wholly on one process of several is written from host
+  memory: Orbax takes a fully addressable array in a multi-process job for
+  a host-local one and refuses it."""
 
-  def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
+  def __init__(self, workdir: str, keep: int = 3, async_save: bool = True,
+               holders: set[int] | None = None):
     self.directory = workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)
+    everyone, me = set(range(jax.process_count())), jax.process_index()
+    self.writes = holders is None or me in holders
+    # A process without a share gets a manager of its own, which only reads.
+    group = everyone if holders is None else holders if self.writes else {me}
+    if group != everyone:  # Orbax leaves the folder to the caller then
+      epath.Path(self.directory).mkdir(parents=True, exist_ok=True)
     self.manager = ocp.CheckpointManager(
         self.directory, options=ocp.CheckpointManagerOptions(
             max_to_keep=keep, enable_async_checkpointing=async_save,
-            cleanup_tmp_directories=True),
+            cleanup_tmp_directories=self.writes, create=group == everyone,
+            multiprocessing_options=ocp.options.MultiprocessingOptions(
+                primary_host=min(group),
+                active_processes=None if group == everyone else group)),
         item_names=('state', 'data'))
     self._saved: set[int] = set()
 
@@ -66,32 +93,37 @@ class Checkpointer:
     copy the resume skipped) is replaced."""
     if step in self._saved:
       return
+    self._saved.add(step)
+    data = dict(_merged(data_state), **{TOPOLOGY: topology(state)})
+    if not self.writes:
+      return
     if step in self.manager.all_steps():
       self.manager.wait_until_finished()
       self.manager.delete(step)
-    self._saved.add(step)
+    if jax.process_count() > 1 and all(
+        x.is_fully_addressable for x in jax.tree.leaves(state)):
+      state = jax.device_get(state)
     self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        data=ocp.args.JsonSave(dict(_merged(data_state),
-                                    **{TOPOLOGY: topology(state)}))),
+        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data)),
                       force=True)
 
   def restore(self, like: Any) -> tuple[Any, dict[str, Any], int,
                                          dict[str, int]] | None:
     """The newest checkpoint that restores into the shardings of `like` (a
-    state of arrays or ShapeDtypeStructs) on every process, with the merged
+    state of arrays) on every process, with the merged
     data state, its step and the topology that wrote it ({} if unrecorded);
     None when there is none. Raises UsageError when
     checkpoints exist but none restores."""
-    _check_every_process_holds(like)
-    target, problems = _abstract(like), []
+    items = dict(data=ocp.args.JsonRestore())
+    if self.writes:
+      items['state'] = ocp.args.StandardRestore(_abstract(like))
+    problems = []
     steps = [int(s) for s in multihost_utils.broadcast_one_to_all(
         np.array(sorted(self.manager.all_steps(), reverse=True) or [-1]))]
     for step in (s for s in steps if s >= 0):
       try:
         restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target),
-            data=ocp.args.JsonRestore()))
+            **items))
       except Exception as e:  # pylint: disable=broad-exception-caught
         restored = None
         problems.append(f'step {step}: {type(e).__name__}: '
@@ -102,7 +134,9 @@ class Checkpointer:
                           'unreadable (%s)', self.directory, step,
                           '; '.join(problems))
         data = dict(restored.data)
-        return restored.state, data, step, data.pop(TOPOLOGY, {})
+        # A process without a share keeps `like`'s arrays: they hold none.
+        state = restored.state if self.writes else like
+        return state, data, step, data.pop(TOPOLOGY, {})
     if problems:
       raise UsageError(
           f'{self.directory} holds checkpoints, but none restores into this '
@@ -177,20 +211,3 @@ def _union(a: Any, b: Any) -> Any:
   if not isinstance(a, dict) or not isinstance(b, dict):
     return a
   return {**b, **{k: _union(v, b[k]) if k in b else v for k, v in a.items()}}
-
-
-def _check_every_process_holds(state: Any) -> None:
-  """Orbax writes each array from the processes that hold a share of it and
-  expects every process to hold one: a state on some hosts' devices only (a
-  disaggregated multi-controller layout) could never be saved."""
-  if jax.process_count() == 1:
-    return
-  for x in jax.tree.leaves(state):
-    processes = {d.process_index for d in x.sharding.device_set}
-    if len(processes) < jax.process_count():
-      raise UsageError(
-          f'the trained state lives on the devices of processes '
-          f'{sorted(processes)} only, and multi-controller checkpoints need '
-          f'a share on each of the {jax.process_count()}; give the actor '
-          'devices on every host (e.g. --config.meshes.actor.devices=all '
-          'with --config.meshes.layout=collocated) or run on Pathways.')

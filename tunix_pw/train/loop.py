@@ -108,7 +108,8 @@ class Session:
     self.name, self.config, self.runtime, self.data = (name, config, runtime,
                                                        data)
     self.checkpointer = Checkpointer(workdir, config.checkpoint.keep,
-                                     config.checkpoint.async_save)
+                                     config.checkpoint.async_save,
+                                     checkpoint_lib.holders(state))
     self.state, self.start = resume(self.checkpointer, state, data, name,
                                     runtime.is_coordinator)
     self.last = self.start
