@@ -3,8 +3,8 @@
 Runs `tunix_pw.main --compile_topology` (libtpu topology descriptions, no
 TPU) for gemma2-2b, gemma2-9b and gemma3-27b GRPO on v5p-128, v5p-512 and
 v5p-2048, and gemma2-9b on 4 slices of v5litepod-256, as Pathways jobs;
-gemma2-2b and gemma2-9b on 2 x v6e-256 as multi-controller jobs, actor and
-rollout a slice each. One process each.
+gemma2-2b and gemma2-9b on a v6e-256 as multi-controller jobs. One
+process each.
 Every job is the grpo config's real-size default (32+ prompts x 8
 generations, prompts of 256 and 512 new tokens, actor + reference on half
 the chips, rollout on the other half; collocated on several slices) with
@@ -37,33 +37,26 @@ ROWS = [(model, tpu, 1, PATHWAYS)
         for model in ('gemma2-2b', 'gemma2-9b', 'gemma3-27b')
         for tpu in ('v5p-128', 'v5p-512', 'v5p-2048')]
 ROWS.append(('gemma2-9b', 'v5litepod-256', 4, PATHWAYS))
-# Multi-controller (XPK mcjax), disaggregated by slice: actor + reference on
-# slice 0, rollout on slice 1; weights cross hosts by union_jit.
-ROWS += [(model, 'v6e-256', 2, MULTI) for model in ('gemma2-2b', 'gemma2-9b')]
+# Multi-controller (XPK mcjax): the same disaggregated layout, actor +
+# reference on hosts 0-31, rollout on hosts 32-63; weights cross hosts by
+# union_jit. (Not a slice each: libtpu 0.0.42 and 0.0.50 refuse to compile
+# a program without slice 0's devices, "Slice is empty".)
+ROWS += [(model, 'v6e-256', 1, MULTI) for model in ('gemma2-2b', 'gemma2-9b')]
 
 
-def overrides(model: str, chips: int, slices: int, backend: str
-              ) -> list[str]:
+def overrides(model: str, chips: int, slices: int) -> list[str]:
   """One sample per actor device per micro batch; at least the default 32
   prompts x 8 generations per step. FSDP inside a slice and as wide as the
   model's width divides (a dimension that does not divide its mesh axis is
   replicated: gemma3-27b's 5376 over 512 devices would be whole on each),
   data parallel over the rest (across slices: the outer axis, over DCN)."""
-  if backend == MULTI:  # a slice each
-    layout = ['--config.meshes.actor.devices=slices:0:1',
-              f'--config.meshes.rollout.devices=slices:1:{slices}']
-  elif slices > 1:
-    # Every role on every chip (libtpu 0.0.42 dies with SIGILL compiling a
-    # train step on 2 of 4 v5e-256 slices).
-    layout = [
-        '--config.meshes.layout=collocated',
-        '--config.meshes.actor.devices=all',
-        '--config.meshes.rollout.devices=all',
-        '--config.meshes.rollout.axes=data=-1,tp=16']
-  else:
-    layout = []
-  actor = chips if backend == MULTI else chips * slices // (
-      2 if slices == 1 else 1)
+  # Several slices: every role on every chip (libtpu 0.0.42 dies with
+  # SIGILL compiling a train step on 2 of 4 v5e-256 slices).
+  layout = [] if slices == 1 else [
+      '--config.meshes.layout=collocated', '--config.meshes.actor.devices=all',
+      '--config.meshes.rollout.devices=all',
+      '--config.meshes.rollout.axes=data=-1,tp=16']
+  actor = chips * slices // (1 if layout else 2)
   samples = max(256, actor)
   fsdp = math.gcd(min(actor, chips), presets.PRESETS[model].embed_dim)
   axes = f'data={actor // fsdp},fsdp={fsdp}'
@@ -84,7 +77,7 @@ def run(model: str, tpu: str, slices: int, backend: str) -> dict:
          f'--config=tunix_pw/configs/grpo.py:{model}',
          '--config.model.dtype=bfloat16',
          '--config.model.remat=full',
-         *overrides(model, chips, slices, backend),
+         *overrides(model, chips, slices),
          f'--compile_topology={tpu}', f'--compile_num_slices={slices}',
          f'--compile_backend={backend}',
          f'--workdir={workdir}'],

@@ -4,7 +4,9 @@ real Gemma presets, the job's own programs, XLA's memory analysis."""
 import json
 
 import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import ml_collections
+import numpy as np
 import pytest
 
 from tests import helpers
@@ -12,7 +14,7 @@ from tunix_pw.configs import dpo as dpo_config, ppo as ppo_config
 from tunix_pw.configs import reward_model as rm_config
 from tunix_pw.jobs import dpo, ppo, reward_model
 from tunix_pw.models import presets
-from tunix_pw.runtime import meshes
+from tunix_pw.runtime import meshes, topology
 from tunix_pw.train import setup
 
 GIB = 1 << 30
@@ -160,6 +162,11 @@ def test_oversized_sft_exits_2_with_the_numbers(tmp_path):
       '--compile_topology=v5p-96'), 'powers of two'),
     (('--config=tunix_pw/configs/eval.py:gemma3-1b',
       '--compile_topology=v5p-8'), 'has no compile plan'),
+    # The default disaggregated layout on 2 slices: the rollout on slice 1.
+    (('--config=tunix_pw/configs/grpo.py:gemma3-1b',
+      '--compile_topology=v5litepod-16', '--compile_num_slices=2'),
+     "the rollout role is on slices [1] only, and libtpu cannot compile a "
+     "program without slice 0's devices"),
 ])
 def test_bad_compile_requests(args, says):
   result = helpers.run_main(*args)
@@ -227,3 +234,22 @@ def test_reward_model_plan_counts_its_value_model():
   assert set(plan.resident['actor']) == {'params', 'optimizer'}
   [phase] = plan.phases
   assert phase.compile()  # lowers and compiles on these CPU devices
+
+
+def test_libtpu_cannot_compile_a_program_without_slice_0():
+  """Why compile_only refuses a role off slice 0: the same program
+  compiles on slice 0's devices and not on slice 1's. When libtpu lifts
+  this, this test fails: drop the refusal."""
+  devices = topology.devices(topology.parse('v5litepod-16'), 2)
+
+  def compile_on(slice_index):
+    mesh = Mesh(np.array([d for d in devices
+                          if d.slice_index == slice_index]), ('x',))
+    sharding = NamedSharding(mesh, PartitionSpec('x'))
+    return jax.jit(lambda a: 2 * a, out_shardings=sharding).lower(
+        jax.ShapeDtypeStruct((16, 8), np.float32, sharding=sharding)
+    ).compile()
+
+  compile_on(0)
+  with pytest.raises(jax.errors.JaxRuntimeError, match='Slice is empty'):
+    compile_on(1)
