@@ -268,7 +268,7 @@ def check(config: Any, job: Any, tpu_type: str, num_slices: int,
                             tuple(devices))
   meshes = meshes_lib.build(config.meshes, runtime.devices)
   for role, mesh in meshes.by_role.items():
-    slices = {d.slice_index for d in mesh.devices.flat}
+    slices = {getattr(d, 'slice_index', 0) or 0 for d in mesh.devices.flat}
     if 0 not in slices:  # libtpu 0.0.42 to 0.0.50, tests/test_compile_only
       raise UsageError(
           f'--compile_topology: the {role} role is on slices '
