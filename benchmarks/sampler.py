@@ -105,9 +105,8 @@ class _IdsTokenizer:
     return 0
 
 
-def tunix_peer(model, cfg, prompts, new: int, greedy: bool = False):
-  """Tunix's sampler on our weights, in Tunix's layout."""
-  from tunix.generate import sampler as tunix_sampler  # pylint: disable=g-import-not-at-top
+def tunix_model(model, cfg):
+  """Tunix's Gemma holding our model's weights, in Tunix's layout."""
   from tunix.models.gemma import model as tunix_gemma  # pylint: disable=g-import-not-at-top
   config = tunix_gemma.ModelConfig(
       num_layers=cfg.num_layers, num_embed=cfg.vocab_size,
@@ -117,8 +116,8 @@ def tunix_peer(model, cfg, prompts, new: int, greedy: bool = False):
       use_post_attn_norm=False, use_post_ffw_norm=False,
       attention_types=(tunix_gemma.AttentionType.GLOBAL,) * cfg.num_layers)
   peer = tunix_gemma.Gemma(config, rngs=nnx.Rngs(0))
+  group = model.groups[0][0]
   for i, layer in enumerate(peer.layers):
-    group = model.groups[0][0]
     layer.attn.q_einsum.w.value = group.attn.q[i].transpose(1, 0, 2)
     layer.attn.kv_einsum.w.value = jnp.stack(
         [group.attn.k[i].transpose(1, 0, 2), group.attn.v[i].transpose(1, 0, 2)])
@@ -130,6 +129,13 @@ def tunix_peer(model, cfg, prompts, new: int, greedy: bool = False):
     layer.pre_ffw_norm.scale.value = group.pre_mlp_norm.scale[i]
   peer.embedder.input_embedding.value = model.embedding[...]
   peer.final_norm.scale.value = model.final_norm.scale[...]
+  return peer
+
+
+def tunix_peer(model, cfg, prompts, new: int, greedy: bool = False):
+  """Tunix's sampler on our weights, in Tunix's layout."""
+  from tunix.generate import sampler as tunix_sampler  # pylint: disable=g-import-not-at-top
+  peer = tunix_model(model, cfg)
   sampler = tunix_sampler.Sampler(
       peer, _IdsTokenizer(), tunix_sampler.CacheConfig(
           cache_size=len(prompts[0]) + new, num_layers=cfg.num_layers,
@@ -146,10 +152,15 @@ def tunix_peer(model, cfg, prompts, new: int, greedy: bool = False):
   return call
 
 
+def model_config(name: str):
+  """A workload's Gemma-architecture model."""
+  return presets.PRESETS['gemma-2b'].replace(num_kv_heads=1, head_dim=64,
+                                              **WORKLOADS[name][0])
+
+
 def workload(name: str) -> dict:
-  shape, batch, prompt, new = WORKLOADS[name]
-  cfg = presets.PRESETS['gemma-2b'].replace(num_kv_heads=1, head_dim=64,
-                                             **shape)
+  _, batch, prompt, new = WORKLOADS[name]
+  cfg = model_config(name)
   model = checkpoints.init(cfg, seed=0)
   prompts = np.random.default_rng(0).integers(
       2, cfg.vocab_size, (batch, prompt)).tolist()

@@ -91,3 +91,17 @@ def test_disaggregated_grpo_across_two_controllers_resumes_bit_identical(
   for a, b in zip(helpers.host_state(tmp_path / 'a', 6),
                   helpers.host_state(tmp_path / 'b', 6)):
     np.testing.assert_array_equal(a, b)
+
+
+def test_an_actor_off_process_0_is_refused(tmp_path):
+  """Orbax writes parts of every checkpoint from process 0: an actor on
+  process 1's devices only stops before its first step, in one sentence."""
+  result = helpers.launch_local(
+      2, '--config=tunix_pw/configs/grpo.py:runlocal', '--config.steps=2',
+      '--config.meshes.actor.devices=4:8',
+      '--config.meshes.rollout.devices=0:4', f'--workdir={tmp_path}')
+  assert result.returncode == 2, result.stdout[-3000:]
+  assert ('[p0] error: the trained state lives on the devices of processes '
+          '[1] only, and Orbax writes parts of every checkpoint from '
+          'process 0') in result.stdout
+  assert not (tmp_path / 'metrics.jsonl').exists()

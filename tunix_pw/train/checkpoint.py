@@ -64,14 +64,22 @@ class Checkpointer:
   """Only the `holders` of the state (default: every process) write it, as
   an Orbax manager over that subset of processes; the others, which hold no
   share, take part in the data-position merge and read that position back
-  on resume. A state wholly on one process of several is written from host
-  memory: Orbax takes a fully addressable array in a multi-process job for
-  a host-local one and refuses it."""
+  on resume. Process 0 must be a holder: Orbax writes parts of every
+  checkpoint from it (the metadata, and arrays in host memory). A state
+  wholly on one process of several is written from host memory: Orbax takes
+  a fully addressable array in a multi-process job for a host-local one and
+  refuses it."""
 
   def __init__(self, workdir: str, keep: int = 3, async_save: bool = True,
                holders: set[int] | None = None):
     self.directory = workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)
     everyone, me = set(range(jax.process_count())), jax.process_index()
+    if holders is not None and 0 not in holders:
+      raise UsageError(
+          f'the trained state lives on the devices of processes '
+          f'{sorted(holders)} only, and Orbax writes parts of every '
+          'checkpoint from process 0; give the actor devices of process 0 '
+          "(its devices come first, e.g. --config.meshes.actor.devices=0:N).")
     self.writes = holders is None or me in holders
     # A process without a share gets a manager of its own, which only reads.
     group = everyone if holders is None else holders if self.writes else {me}
