@@ -10,8 +10,9 @@ learning rate, temperature 1.0, top_p 0.95, the k3 reference KL at beta
          prompts of 32 tokens, 32 new;
   large: vocab 32,000, 8 layers, embed 512, 8 heads / 1 KV head, MLP 2048;
          prompts of 64 tokens, 128 new (matmuls dominate).
-Ours runs the GRPO job through main in this process; Tunix's side is
-benchmarks/tunix_grpo.py. The two alternate for `--rounds` rounds; each
+Ours runs the GRPO job through main; Tunix's side is
+benchmarks/tunix_grpo.py; each run in a fresh process. The two alternate
+for `--rounds` rounds; each
 round's figure is the median step past the first two (compilation), the
 whole step's wall time on both sides, with its phases. Then the same prompts
 through a standalone sampler of ours on the rollout mesh, against the
@@ -28,6 +29,8 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -125,38 +128,59 @@ def standalone(name: str) -> float:
   return statistics.median(rates)
 
 
-def workload(name: str, rounds: int) -> dict:
+def side(which: str, name: str) -> dict:
+  """One run of one side, in this (fresh) process."""
   presets.PRESETS[f'bench-{name}'] = sampler_bench.model_config(name)
-  work = tempfile.mkdtemp()
-  write_dataset(work, LENGTHS[name][0])
+  if which == 'ours':
+    work = tempfile.mkdtemp()
+    write_dataset(work, LENGTHS[name][0])
+    return dict(ours(name, work), standalone_tokens_per_s=standalone(name))
+  import tunix_grpo  # pylint: disable=g-import-not-at-top
+  prompt, new = LENGTHS[name]
+  return tunix_grpo.run_tunix_grpo(
+      sampler_bench.model_config(name),
+      questions((STEPS + 1) * PROMPTS, prompt), prompt, new, PROMPTS,
+      GENERATIONS, STEPS, WARMUP, beta=KL_BETA, top_p=TOP_P,
+      learning_rate=LEARNING_RATE)
+
+
+def in_child(which: str, name: str) -> dict:
+  """`side` in a fresh process (main defines its flags once per process),
+  its JSON line parsed."""
+  out = subprocess.run(
+      [sys.executable, os.path.abspath(__file__), f'--side={which}',
+       f'--workloads={name}'], capture_output=True, text=True, check=False)
+  if out.returncode:
+    raise SystemExit(f'{which} on {name} failed:\n{out.stderr[-3000:]}')
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def workload(name: str, rounds: int) -> dict:
   try:
-    import tunix_grpo  # pylint: disable=g-import-not-at-top
+    import tunix  # pylint: disable=g-import-not-at-top,unused-import
   except ImportError as e:  # google-tunix missing
-    tunix_grpo, missing = None, str(e)
+    missing = str(e)
+  else:
+    missing = ''
   runs = {'ours': [], 'tunix': []}
   for _ in range(rounds):
-    runs['ours'].append(ours(name, work))
-    if tunix_grpo:
-      prompt, new = LENGTHS[name]
-      runs['tunix'].append(tunix_grpo.run_tunix_grpo(
-          sampler_bench.model_config(name),
-          questions((STEPS + 1) * PROMPTS, prompt), prompt, new, PROMPTS,
-          GENERATIONS, STEPS, WARMUP, beta=KL_BETA, top_p=TOP_P,
-          learning_rate=LEARNING_RATE))
+    runs['ours'].append(in_child('ours', name))
+    if not missing:
+      runs['tunix'].append(in_child('tunix', name))
   median = lambda rows, key: round(statistics.median(r[key] for r in rows), 4)
   phases = lambda rows: {k: round(statistics.median(r['phases_s'][k]
                                                     for r in rows), 4)
                          for k in rows[0]['phases_s']}
+  in_loop = median(runs['ours'], 'rollout_tokens_per_s')
+  alone = median(runs['ours'], 'standalone_tokens_per_s')
   result = dict(workload=name, rounds=rounds,
                 step_s=median(runs['ours'], 'step_s'),
                 phases_s=phases(runs['ours']),
-                per_round_step_s=[round(r['step_s'], 4) for r in runs['ours']])
-  in_loop = median(runs['ours'], 'rollout_tokens_per_s')
-  alone = standalone(name)
-  result.update(rollout_tokens_per_s_in_loop=in_loop,
-                standalone_sampler_tokens_per_s=round(alone, 1),
+                per_round_step_s=[round(r['step_s'], 4) for r in runs['ours']],
+                rollout_tokens_per_s_in_loop=in_loop,
+                standalone_sampler_tokens_per_s=alone,
                 in_loop_vs_standalone=round(in_loop / alone, 3))
-  if not tunix_grpo:
+  if missing:
     return dict(result, tunix=f'not installed ({missing})')
   return dict(
       result, tunix_step_s=median(runs['tunix'], 'step_s'),
@@ -172,7 +196,12 @@ def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument('--workloads', default='small,large')
   parser.add_argument('--rounds', type=int, default=3)
+  parser.add_argument('--side', default='', help='ours | tunix: one run of '
+                      'one side of one workload, in this process')
   args = parser.parse_args()
+  if args.side:
+    print(json.dumps(side(args.side, args.workloads)))
+    return
   print(json.dumps(dict(
       benchmark='grpo_step',
       workloads=[workload(name, args.rounds)
