@@ -248,6 +248,20 @@ def _span(ids: Sequence[int]) -> str:
   return f'{min(ids)}..{max(ids)} ({len(ids)})'
 
 
+def _check_slice_0(meshes: meshes_lib.RoleMeshes) -> None:
+  """libtpu (0.0.42 to 0.0.50, tests/test_compile_only) compiles no
+  program without slice 0's devices: a role off slice 0 is refused."""
+  for role, mesh in meshes.by_role.items():
+    slices = {getattr(d, 'slice_index', 0) or 0 for d in mesh.devices.flat}
+    if 0 not in slices:
+      raise UsageError(
+          f'--compile_topology: the {role} role is on slices '
+          f'{sorted(slices)} only, and libtpu cannot compile a program '
+          "without slice 0's devices (\"Slice is empty\"); check a layout "
+          'whose roles each include slice 0 (e.g. on one slice, or '
+          '--config.meshes.layout=collocated).')
+
+
 def check(config: Any, job: Any, tpu_type: str, num_slices: int,
           workdir: str | None, backend_name: str = backend.PATHWAYS) -> None:
   """Compiles `job`'s programs for the slice as a job on `backend_name`
@@ -267,15 +281,7 @@ def check(config: Any, job: Any, tpu_type: str, num_slices: int,
                             f'{tpu.name} topology descriptions', 0, processes,
                             tuple(devices))
   meshes = meshes_lib.build(config.meshes, runtime.devices)
-  for role, mesh in meshes.by_role.items():
-    slices = {getattr(d, 'slice_index', 0) or 0 for d in mesh.devices.flat}
-    if 0 not in slices:  # libtpu 0.0.42 to 0.0.50, tests/test_compile_only
-      raise UsageError(
-          f'--compile_topology: the {role} role is on slices '
-          f'{sorted(slices)} only, and libtpu cannot compile a program '
-          "without slice 0's devices (\"Slice is empty\"); check a layout "
-          'whose roles each include slice 0 (e.g. on one slice, or '
-          '--config.meshes.layout=collocated).')
+  _check_slice_0(meshes)
   hbm = tpu.hbm_bytes * tpu.chips * num_slices // len(devices)
   print(f'{runtime.describe()}; meshes: {meshes.describe()}', flush=True)
 
