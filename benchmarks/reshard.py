@@ -7,7 +7,8 @@ the first full transfer's peak RSS growth as a multiple of the tree size, then
 the median rate of the next transfers beside a per-leaf numpy copy of the same
 bytes. Prints one JSON line.
 
-  python benchmarks/reshard.py [--repeats=5] [--group_mib=32]
+  python benchmarks/reshard.py [--repeats=5] [--group_mib=32] [--layers=6]
+      [--vocab=16384]
 
 The same measurement of plain jax.device_put runs in a second fresh process
 and is reported beside it. For scale, `xla_pass_gb_s` is the rate of one
@@ -41,24 +42,31 @@ jax.config.update('jax_num_cpu_devices', 8)
 from tunix_pw.configs import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tunix_pw.runtime import backend, meshes, reshard, sharding  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-# Gemma-style decoder, scaled to ~450 MB of float32: d 1024, 8 query heads
-# and 1 KV head of 128, MLP 8192, 6 layers (stacked), vocab 16384.
-D, H, K, HD, F, L, V = 1024, 8, 1, 128, 8192, 6, 16384
-TREE = {
-    'embedder': ((V, D), ('vocab', 'embed')),
-    'final_norm': ((D,), ('embed',)),
-    'layers': {
-        'attn_norm': ((L, D), (None, 'embed')),
-        'q': ((L, D, H, HD), (None, 'embed', 'heads', None)),
-        'k': ((L, D, K, HD), (None, 'embed', 'kv_heads', None)),
-        'v': ((L, D, K, HD), (None, 'embed', 'kv_heads', None)),
-        'o': ((L, H, HD, D), (None, 'heads', None, 'embed')),
-        'mlp_norm': ((L, D), (None, 'embed')),
-        'gate': ((L, D, F), (None, 'embed', 'mlp')),
-        'up': ((L, D, F), (None, 'embed', 'mlp')),
-        'down': ((L, F, D), (None, 'mlp', 'embed')),
-    },
-}
+# Gemma-style decoder, by default ~450 MB of float32: d 1024, 8 query heads
+# and 1 KV head of 128, MLP 8192, 6 layers (stacked), vocab 16384
+# (--layers and --vocab scale it: ~105 MB a layer, 4 KB a vocabulary row).
+D, H, K, HD, F = 1024, 8, 1, 128, 8192
+
+
+def decoder(L: int, V: int) -> dict:  # pylint: disable=invalid-name
+  """Leaf shapes and logical axes."""
+  return {
+      'embedder': ((V, D), ('vocab', 'embed')),
+      'final_norm': ((D,), ('embed',)),
+      'layers': {
+          'attn_norm': ((L, D), (None, 'embed')),
+          'q': ((L, D, H, HD), (None, 'embed', 'heads', None)),
+          'k': ((L, D, K, HD), (None, 'embed', 'kv_heads', None)),
+          'v': ((L, D, K, HD), (None, 'embed', 'kv_heads', None)),
+          'o': ((L, H, HD, D), (None, 'heads', None, 'embed')),
+          'mlp_norm': ((L, D), (None, 'embed')),
+          'gate': ((L, D, F), (None, 'embed', 'mlp')),
+          'up': ((L, D, F), (None, 'embed', 'mlp')),
+          'down': ((L, F, D), (None, 'mlp', 'embed')),
+      },
+  }
+
+
 _IS_SPEC = lambda x: isinstance(x, tuple) and isinstance(x[0], tuple)
 
 
@@ -76,7 +84,10 @@ def main() -> None:
                       choices=['two_hop', 'device_put'])
   parser.add_argument('--repeats', type=int, default=5)
   parser.add_argument('--group_mib', type=int, default=32)
+  parser.add_argument('--layers', type=int, default=6)
+  parser.add_argument('--vocab', type=int, default=16384)
   args = parser.parse_args()
+  leaves = decoder(args.layers, args.vocab)
 
   runtime = backend.Runtime('local', 'benchmark', 0, 1, tuple(jax.devices()))
   role_meshes = meshes.build(common.meshes(
@@ -86,7 +97,7 @@ def main() -> None:
 
   def shardings(mesh):
     return jax.tree.map(lambda s: sharding.named(mesh, s[0], s[1], rules),
-                        TREE, is_leaf=_IS_SPEC)
+                        leaves, is_leaf=_IS_SPEC)
 
   src_sh = shardings(role_meshes['actor'])
   dst_sh = shardings(role_meshes['rollout'])
@@ -94,7 +105,7 @@ def main() -> None:
   tree = jax.tree.map(
       lambda s, sh: jax.device_put(
           rng.standard_normal(s[0], dtype=np.float32), sh),
-      TREE, src_sh, is_leaf=_IS_SPEC)
+      leaves, src_sh, is_leaf=_IS_SPEC)
   tree_bytes = sum(x.nbytes for x in jax.tree.leaves(tree))
   group_bytes = args.group_mib << 20
 
@@ -164,7 +175,8 @@ def main() -> None:
     return
   baseline = subprocess.run(
       [sys.executable, __file__, '--mode=device_put',
-       f'--repeats={args.repeats}'], capture_output=True, text=True,
+       f'--repeats={args.repeats}', f'--layers={args.layers}',
+       f'--vocab={args.vocab}'], capture_output=True, text=True,
       check=True).stdout.strip().splitlines()[-1]
   print(json.dumps(dict(
       benchmark='reshard', tree_mb=round(tree_bytes / 2**20),

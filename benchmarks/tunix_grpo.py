@@ -31,6 +31,7 @@ import time
 from flax import nnx
 import jax
 import numpy as np
+import psutil
 
 from sampler import tunix_model
 from tunix_pw.models import checkpoints
@@ -142,6 +143,7 @@ def run_tunix_grpo(cfg, texts: list[str], prompt: int, new: int,
         row[name] = float(op(value) if op is not None else value.mean())
 
   cluster.with_external_metrics_logger(collect)
+  synced_at = []  # wall clock at the end of each step (its weight sync)
 
   def sync_weights():
     """RLCluster.sync_weights without its CPU-only transfer guards, then
@@ -159,6 +161,7 @@ def run_tunix_grpo(cfg, texts: list[str], prompt: int, new: int,
     jax.block_until_ready((nnx.state(cluster.rollout.model()),
                            cluster._anchor_policy_state))  # pylint: disable=protected-access
     cluster.global_steps += 1
+    synced_at.append(time.time())
 
   cluster.sync_weights = sync_weights
 
@@ -230,6 +233,7 @@ def run_tunix_grpo(cfg, texts: list[str], prompt: int, new: int,
       wrapped_phases_s={k: [round(x, 4) for x in v]
                         for k, v in wrapped.items()},
       train_call_s=round(total, 2),
+      first_step_s=round(synced_at[0] - psutil.Process().create_time(), 2),
       median_over=f'steps {kept.start + 1}..{steps}',
       timing='tunix.perf v1 tracer (PerfMetricsExport.from_cluster_config); '
              'sync_weights without CPU transfer guards, waited on',

@@ -5,6 +5,7 @@ import glob
 import gzip
 import json
 import signal
+import time
 
 import pytest
 
@@ -23,11 +24,18 @@ def test_goodput_counts_a_restart_and_the_profile_holds_the_steps(tmp_path):
   with open(tmp_path / 'metrics.jsonl') as f:
     [redone] = [r['step_seconds'] for r in map(json.loads, f)
                 if r['step'] == 3]
+  began = time.time()
   resumed = helpers.run_main(*args)
+  ran_s = time.time() - began
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   [line] = [l for l in resumed.stdout.splitlines() if 'goodput' in l]
   assert line.startswith('sft: goodput ') and 'restarts' in line
   record = json.loads((tmp_path / 'goodput.json').read_text())
+  # The resumed run's first step (4) ended after the process began its
+  # imports and the compilation, before the process ended.
+  first = record['time/first_step_s']
+  assert record['goodput/compilation_s'] < first < ran_s
+  assert f'first step done {first:.1f} s after the start' in line
   assert record['step'] == 5 and 0 < record['goodput'] < 1
   lost = [v for k, v in record.items() if k.startswith('goodput/')
           and k not in ('goodput/wall_s', 'goodput/productive_s')]

@@ -7,7 +7,8 @@ Wall time runs from when the job's modules loaded (a pipeline's later
 stage: from the end of the one before); a resumed run adds the
 steps it redoes (those its predecessor did after the checkpoint it
 resumes from), which are lost twice over: counted in the denominator, not
-the numerator.
+the numerator. The time to the first step counts from the process start,
+as a user waits for it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, Iterator
 
 from etils import epath
 import jax
+import psutil
 
 from tunix_pw import workdir as workdir_lib
 from tunix_pw.errors import UsageError
@@ -56,7 +58,13 @@ class Goodput:
     self.lost_s = dict(compilation=0.0, checkpoints=0.0, data=0.0,
                        evaluation=0.0)
     self.redone_s, self.loop_s, self._inside = redone_s, 0.0, None
+    self.first_step_s = None  # from the process start to the first step's end
     _LISTENERS.append(self)
+
+  def stepped(self) -> None:
+    """A step of this run ended."""
+    if self.first_step_s is None:
+      self.first_step_s = time.time() - psutil.Process().create_time()
 
   def add(self, kind: str, seconds: float) -> None:
     self.lost_s[kind] += seconds
@@ -99,6 +107,9 @@ class Goodput:
     line = (f'{name}: goodput {goodput:.1%} of {wall + self.redone_s:.1f} s '
             f'(productive steps {self.loop_s:.1f} s; lost: ' + ', '.join(
                 f'{k} {v:.1f} s' for k, v in lost.items()) + ')')
+    if self.first_step_s is not None:
+      values['time/first_step_s'] = self.first_step_s
+      line += f'; first step done {self.first_step_s:.1f} s after the start'
     return values, line
 
 

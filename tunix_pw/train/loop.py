@@ -155,6 +155,7 @@ class Session:
     """The checkpoint cadence and the preemption check, with the data
     position now (or `data_state`)."""
     self.profiler.after(done, self.state)
+    self.goodput.stepped()
     self.last = done
     end_of_step(done, self.config.checkpoint.every,
                 lambda step: self.save(step, data_state), self,
