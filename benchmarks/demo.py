@@ -3,11 +3,14 @@
 Runs `python -m tunix_pw.main --config=tunix_pw/configs/demo.py` in a fresh
 process and workdir `--runs` times and prints one JSON line: the median wall
 seconds (startup, SFT, GRPO, evaluations and plot included) and each run's
-held-out accuracies after SFT and after GRPO.
+held-out accuracies after SFT and after GRPO: the demo's learning result,
+which the test suite does not wait for (tests/jobs/test_demo.py cuts GRPO
+to 20 steps).
 
   python benchmarks/demo.py [--runs=3]
 
-Target: median wall time at most 180 s on this 2-core machine.
+Targets: median wall time at most 180 s on this 2-core machine; SFT stops
+between 20% and 70% held out, GRPO raises that by at least 10 points.
 """
 
 import argparse
@@ -46,7 +49,10 @@ def main() -> None:
   print(json.dumps(dict(
       benchmark='demo',
       median_wall_s=statistics.median(r['wall_s'] for r in runs), runs=runs,
-      target_wall_s=180)))
+      median_gain_points=statistics.median(
+          r['grpo_accuracy'] - r['sft_accuracy'] for r in runs),
+      target_wall_s=180, target_sft_accuracy=[20, 70],
+      target_gain_points=10)))
 
 
 if __name__ == '__main__':

@@ -15,7 +15,7 @@ from scipy import stats
 from tests.models import hf_models
 from tunix_pw.configs import common
 from tunix_pw.errors import UsageError
-from tunix_pw.models import checkpoints
+from tunix_pw.models import checkpoints, presets
 from tunix_pw.models.decoder import Cache
 from tunix_pw.sampling import rules
 from tunix_pw.sampling.rollout import SamplingConfig
@@ -115,6 +115,23 @@ def test_the_compiled_loop_copies_no_cache_and_sorts_nothing(model):
   assert f'{shape}' in loops  # the cache is there, by this name
   assert not re.search(rf'= {re.escape(shape)}{{[0-9,]*}} copy\(', loops)
   assert ' sort(' not in hlo
+
+
+def test_on_a_tp_mesh_each_row_is_sampled_whole_on_its_devices():
+  """With the vocabulary split over tp=4, the decode step gathers each
+  row's logits once: the sampling rule's cumulative sum and its 31-bit
+  nucleus search then run locally, where on split rows they cost a halo
+  exchange (collective-permute) and an all-reduce per bit (8x the whole
+  generation of a vocab-32k model on CPU)."""
+  mesh = Mesh(np.array(jax.devices()[:4]).reshape(1, 4), ('fsdp', 'tp'))
+  sharded = checkpoints.init(presets.PRESETS['tiny-gemma'], seed=0,
+                             mesh=mesh, rules=common.sharding())  # vocab 128
+  sampler = Sampler(sharded, pad_id=0, eos_ids=(), mesh=mesh,
+                    rules=common.sharding())
+  config = SamplingConfig(max_new_tokens=16, temperature=1.0, top_p=0.9)
+  hlo = sampler.lower(4, 16, config).compile().as_text()
+  assert not re.search(r' collective-permute(-start)?\(', hlo)
+  assert len(re.findall(r' all-reduce(-start)?\(', hlo)) < 31
 
 
 def test_stops_per_row_and_masks(model):

@@ -244,6 +244,10 @@ class Sampler:
 
     def body(state):
       step, cache, last, out_tokens, out_logprobs, lengths, done = state[:7]
+      # Each row's logits whole on its devices: the sampling rule's scans
+      # over a vocabulary split across devices cost more than this gather
+      # (on CPU, 8x the generation).
+      last = shard(last, 'batch', None)
       token = pick(last, uniforms[step]).astype(jnp.int32)
       logprob = jnp.take_along_axis(jax.nn.log_softmax(last), token[:, None],
                                     axis=-1)[:, 0]
