@@ -118,10 +118,12 @@ def plot(curves: dict, path: str) -> None:
   (batch_ax, new_ax, grpo_ax), (rate_ax, peak_ax, compile_ax) = axes
 
   def lines(ax, rows, x, series, xlabel, ylabel, title, log=False):
+    rows = sorted(rows, key=lambda r: r[x])
     for key, label in series:
       ax.plot([r[x] for r in rows], [r[key] for r in rows], 'o-',
               label=label)
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.set_ylim(bottom=0)
     if log:
       ax.set_xscale('log', base=2)
     ax.grid(alpha=0.3)
