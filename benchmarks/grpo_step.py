@@ -17,8 +17,9 @@ round's figure is the median step past the first two (compilation), the
 whole step's wall time on both sides, with its phases. Then the same prompts
 through a standalone sampler of ours on the rollout mesh, against the
 rollout inside our loop. And the time from each side's process start to the
-end of its first step (no compilation cache on either side). Needs google-tunix (the test extra); without it
-only ours runs. Prints one JSON line.
+end of its first step (no compilation cache on either side). Needs
+google-tunix (the test extra); without it only ours runs. Prints one JSON
+line.
 
   python benchmarks/grpo_step.py [--workloads=small,large] [--rounds=3]
 

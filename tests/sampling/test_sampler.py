@@ -121,7 +121,7 @@ def test_on_a_tp_mesh_each_row_is_sampled_whole_on_its_devices():
   """With the vocabulary split over tp=4, the decode step gathers each
   row's logits once: the sampling rule's cumulative sum and its 31-bit
   nucleus search then run locally, where on split rows they cost a halo
-  exchange (collective-permute) and an all-reduce per bit (8x the whole
+  exchange (collective-permute) and an all-reduce per bit (6-10x the whole
   generation of a vocab-32k model on CPU)."""
   mesh = Mesh(np.array(jax.devices()[:4]).reshape(1, 4), ('fsdp', 'tp'))
   sharded = checkpoints.init(presets.PRESETS['tiny-gemma'], seed=0,
