@@ -15,13 +15,12 @@ import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from tests import helpers  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tunix_pw.configs import common  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tunix_pw.runtime import backend  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 jax.config.update('jax_num_cpu_devices', 8)
 # The tests in this process share compiled programs with each other, with
 # the other worker and with the jobs the tests run (main's default cache).
-jax.config.update('jax_compilation_cache_dir',
-                  common.runtime().compilation_cache_dir)
-jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+backend.cache_compiled_programs(common.runtime().compilation_cache_dir)
 
 
 @pytest.fixture(scope='session')

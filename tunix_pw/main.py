@@ -243,14 +243,7 @@ def main(argv: Sequence[str]) -> None:
     workdir = epath.Path(WORKDIR.value or '.')
     moved = check_resume(config, workdir) if WORKDIR.value else ''
     if config.runtime.compilation_cache_dir and not _CHECK_ONLY.value:
-      jax.config.update('jax_compilation_cache_dir',
-                        config.runtime.compilation_cache_dir)
-      # Every program, not only those over JAX's 1 s default: a restarted
-      # job (preemption, a new topology) or the next run of the same config
-      # then compiles nothing it compiled before (measured on the GRPO
-      # pulse: 12.0 s warm at the default, 9.0 s with all of them cached,
-      # 20.6 s cold).
-      jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+      backend.cache_compiled_programs(config.runtime.compilation_cache_dir)
     detection = backend.detect(os.environ, _COORDINATOR.value,
                                _NUM_PROCESSES.value, _PROCESS_ID.value)
     runtime = backend.start(detection, config.runtime.host_device_count,

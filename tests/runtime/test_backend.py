@@ -1,5 +1,6 @@
 """Environment -> backend and process id, for every cluster flavour."""
 
+import os
 import subprocess
 import sys
 
@@ -106,3 +107,14 @@ def test_cpu_runs_log_no_libtpu_noise(tmp_path):
   assert '8 cpu devices' in result.stdout + result.stderr
   for noise in ('TPU_WORKER_HOSTNAMES', 'libtpu', 'TPU accelerator type'):
     assert noise not in result.stderr
+
+
+def test_every_compiled_program_is_cached(tmp_path):
+  """A program that compiles in well under JAX's 1 s threshold lands in the
+  cache too (a fresh process: the suite's own cache setup aside)."""
+  code = ('import sys, jax; from tunix_pw.runtime import backend; '
+          'backend.cache_compiled_programs(sys.argv[1]); '
+          'jax.jit(lambda x: x + 1)(1.0).block_until_ready()')
+  subprocess.run([sys.executable, '-c', code, str(tmp_path)], check=True,
+                 cwd=helpers.ROOT, env=helpers.env())
+  assert [n for n in os.listdir(tmp_path) if 'jit__lambda' in n]
