@@ -15,9 +15,12 @@ import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from tests import helpers  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tunix_pw.configs import common  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tunix_pw.runtime import backend  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tunix_pw.runtime import allocator, backend  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 jax.config.update('jax_num_cpu_devices', 8)
+# The xdist workers start after this: under TCMalloc, as the jobs run (the
+# jobs then need no re-execution; tests/runtime/test_allocator.py checks it).
+os.environ.update(allocator.preloaded(os.environ) or {})
 # The tests in this process share compiled programs with each other, with
 # the other worker and with the jobs the tests run (main's default cache).
 backend.cache_compiled_programs(common.runtime().compilation_cache_dir)
