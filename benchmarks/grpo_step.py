@@ -39,6 +39,10 @@ import time
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
+# Under the allocator jobs run under (both sides, where a peer runs too).
+from tunix_pw.runtime import allocator  # pylint: disable=g-import-not-at-top,wrong-import-position
+allocator.use_tcmalloc()
+
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 

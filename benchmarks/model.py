@@ -22,6 +22,10 @@ import time
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
+# Under the allocator jobs run under (both sides, where a peer runs too).
+from tunix_pw.runtime import allocator  # pylint: disable=g-import-not-at-top,wrong-import-position
+allocator.use_tcmalloc()
+
 from flax import nnx  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-position

@@ -27,6 +27,10 @@ import sys
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
+# Under the allocator jobs run under (both sides, where a peer runs too).
+from tunix_pw.runtime import allocator  # pylint: disable=g-import-not-at-top,wrong-import-position
+allocator.use_tcmalloc()
+
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 import compile_table  # pylint: disable=g-import-not-at-top,wrong-import-position
