@@ -5,7 +5,7 @@ process and workdir `--runs` times and prints one JSON line: the median wall
 seconds (startup, SFT, GRPO, evaluations and plot included) and each run's
 held-out accuracies after SFT and after GRPO: the demo's learning result,
 which the test suite does not wait for (tests/jobs/test_demo.py cuts GRPO
-to 20 steps).
+to 10 steps).
 
   python benchmarks/demo.py [--runs=3]
 
