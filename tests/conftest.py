@@ -31,9 +31,9 @@ def trained_sft(tmp_path_factory):
   """A tiny model SFT-trained on 2-digit additions on one device until an
   evaluation (every 100 steps) finds it 90% right on held-out problems
   (about 700 steps of at most 1,000; about 60 s): the completed run and
-  its workdir, shared by the tests that need a model that is often right. Under xdist the first
-  worker to need it trains it and the others wait for it (a file lock in
-  the run's shared temporary directory)."""
+  its workdir, shared by the tests that need a model that is often right.
+  Under xdist the first worker to need it trains it and the others wait
+  for it (a file lock in the run's shared temporary directory)."""
   root = tmp_path_factory.getbasetemp()
   if os.environ.get('PYTEST_XDIST_WORKER'):
     root = root.parent  # shared by this run's workers

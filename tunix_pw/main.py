@@ -13,8 +13,9 @@ or a crash.
 
 from __future__ import annotations
 
+from tunix_pw.runtime import allocator
+
 if __name__ == '__main__':  # before JAX loads (runtime/allocator.py)
-  from tunix_pw.runtime import allocator  # pylint: disable=g-import-not-at-top
   allocator.use_tcmalloc()
 
 import difflib
@@ -316,7 +317,6 @@ def _disk_is_full(workdir: str, detail: str) -> None:
 def run() -> None:
   """The `tunix-pw` command (the module's imports are loaded by then: under
   TCMalloc, they load again once)."""
-  from tunix_pw.runtime import allocator  # pylint: disable=g-import-not-at-top
   allocator.use_tcmalloc()
   app.run(main, flags_parser=parse_flags)
 
