@@ -69,7 +69,8 @@ def demo_consumption(work: str) -> float:
   logged = [m for m in run_main(
       ['--config=tunix_pw/configs/demo.py', '--config.stages=("sft",)',
        '--config.sft.steps=60', '--config.sft.log_every=20',
-       '--config.sft.eval_examples=0', f'--workdir={work}/demo'],
+       '--config.sft.eval_examples=0', '--config.sft.stop_at_accuracy=0',
+       f'--workdir={work}/demo'],
       f'{work}/demo/sft') if 'step_seconds' in m][1:]  # past compilation
   return BATCH / statistics.median(m['step_seconds'] for m in logged)
 

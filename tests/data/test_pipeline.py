@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import grain
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
@@ -48,6 +49,27 @@ def test_seeded_order_and_exactly_once_per_epoch(sources):
   two = indices(train, 0, epochs=2)
   assert sorted(two[:300]) == sorted(two[300:]) == list(range(300))
   assert two[:300] != two[300:]  # reshuffled each epoch
+
+
+def test_shards_read_grains_stream_with_drops_refilled_and_saved_as_grain(
+    sources):
+  """Shard s reads positions s, s + B, ... of grain's seeded shuffle (the
+  same examples, and the same saved position, as grain's iterators, which
+  earlier checkpoints hold); a dropped example is replaced by the shard's
+  next one."""
+  train, size = sources['train'], 8
+  stream = grain.MapDataset.range(len(train)).shuffle(seed=3).repeat(
+      None, reseed_each_epoch=True)
+  odd = lambda ex, c: ex['index'] if ex['index'] % 2 else None
+  reader = pipeline.Pipeline(train, odd, batch_size=size, seed=3,
+                             num_epochs=None)
+  batches = [next(reader) for _ in range(5)]
+  for s in range(size):
+    read = [stream[p] for p in range(s, 60 * size, size)]
+    kept = [i for i in read if i % 2]
+    assert [b[s] for b in batches] == kept[:5]
+    assert reader.state()['shards'][str(s)]['grain'] == dict(
+        next_index=read.index(kept[4]) + 1)
 
 
 def test_train_examples_limits_the_train_split_alone(sources, tmp_path):

@@ -223,32 +223,57 @@ class Pipeline:
                              (process_index + 1) * self.local_batch))
     self._counters = {s: Counters() for s in self.shards}
     self._batch_fn = _packed_batch if pack_length else batch_fn or list
-    stream = grain.MapDataset.range(len(source)).shuffle(seed=seed).repeat(
-        num_epochs, reseed_each_epoch=True)
+    self._source, self._transform = source, transform
+    self._what, self._dropping = what, dropping
+    self._endless = num_epochs is None
+    self._in_a_row = {s: 0 for s in self.shards}  # dropped since one kept
+    self._stream = grain.MapDataset.range(len(source)).shuffle(
+        seed=seed).repeat(num_epochs, reseed_each_epoch=True)
+    # Unpacked, each shard is its position in its stream (grain's iterator
+    # state, the same saved form); packed, grain's packer over the stream.
+    self._next = {s: 0 for s in self.shards}
+    self._packers = {s: iter(grain.experimental.FirstFitPackIterDataset(
+        self._stream[s::batch_size].map(
+            lambda i, s=s: self._checked(s, i, source[i])).to_iter_dataset(
+                grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+            ).filter(lambda x: x is not None),
+        length_struct=dict(tokens=pack_length, loss_mask=pack_length),
+        num_packing_bins=PACKING_BINS, seed=seed + s))
+                     for s in self.shards} if pack_length else {}
 
-    def shard(s):
-      in_a_row = [0]  # examples dropped since the last one kept
+  def _checked(self, s: int, i: int, record: Any) -> Any:
+    """Shard `s`'s next example (split index `i`) transformed, or None
+    (dropped); each example carries its index in the split ('index')."""
+    out = self._transform(dict(builders.decode(record), index=i),
+                          self._counters[s])
+    self._in_a_row[s] = 0 if out is not None else self._in_a_row[s] + 1
+    if self._in_a_row[s] >= len(self._source) and self._endless:
+      raise UsageError(f'{len(self._source)} examples of {self._what} in a '
+                       f'row were dropped: {self._dropping}.')
+    return out
 
-      def checked(i):
-        # Each example carries its index in the split ('index').
-        out = transform(dict(builders.decode(source[i]), index=i),
-                        self._counters[s])
-        in_a_row[0] = 0 if out is not None else in_a_row[0] + 1
-        if in_a_row[0] >= len(source) and num_epochs is None:
-          raise UsageError(f'{len(source)} examples of {what} in a row were '
-                           f'dropped: {dropping}.')
-        return out
-
-      ds = stream[s::batch_size].map(checked).to_iter_dataset(
-          grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)).filter(
-              lambda x: x is not None)
-      if pack_length:
-        ds = grain.experimental.FirstFitPackIterDataset(
-            ds, length_struct=dict(tokens=pack_length, loss_mask=pack_length),
-            num_packing_bins=PACKING_BINS, seed=seed + s)
-      return iter(ds)
-
-    self._iterators = {s: shard(s) for s in self.shards}
+  def _rows(self) -> list[Any]:
+    """One row per shard: each round reads the next example of every shard
+    still without one in one batched read (tfds's `__getitems__`). At the
+    end of a finite stream, every example left is transformed (counted)."""
+    rows, waiting, size = {}, list(self.shards), self._batch_size
+    while waiting:
+      positions = [s + self._next[s] * size for s in waiting]
+      if max(positions) >= len(self._stream):
+        for s in self.shards:  # count the whole pass
+          for p in range(s + self._next[s] * size, len(self._stream), size):
+            i = self._stream[p]
+            self._checked(s, i, self._source[i])
+          self._next[s] = -(-(len(self._stream) - s) // size)
+        raise StopIteration
+      indices = [self._stream[p] for p in positions]
+      for s, i, record in zip(waiting, indices, _read(self._source, indices)):
+        self._next[s] += 1
+        out = self._checked(s, i, record)
+        if out is not None:
+          rows[s] = out
+      waiting = [s for s in waiting if s not in rows]
+    return [rows[s] for s in self.shards]
 
   @property
   def counters(self) -> Counters:
@@ -260,22 +285,16 @@ class Pipeline:
     return self
 
   def __next__(self):
-    rows = []
-    for s, iterator in self._iterators.items():
-      try:
-        rows.append(next(iterator))
-      except StopIteration:
-        for rest in self._iterators.values():  # count the whole pass
-          for _ in rest:
-            pass
-        raise
-    return self._batch_fn(rows)
+    if self._packers:
+      return self._batch_fn([next(self._packers[s]) for s in self.shards])
+    return self._batch_fn(self._rows())
 
   def state(self) -> dict[str, Any]:
     """The position of this process's shards, by shard (the checkpoint
     merges every process's)."""
     return dict(batch_size=self._batch_size, shards={
-        str(s): dict(grain=self._iterators[s].get_state(),
+        str(s): dict(grain=self._packers[s].get_state() if self._packers
+                     else dict(next_index=self._next[s]),
                      counters=dataclasses.asdict(self._counters[s]))
         for s in self.shards})
 
@@ -286,8 +305,17 @@ class Pipeline:
           f'{state.get("batch_size")} examples, not {self._batch_size}; '
           'resume with the batch size that wrote it.')
     for s in self.shards:
-      self._iterators[s].set_state(state['shards'][str(s)]['grain'])
+      position = state['shards'][str(s)]['grain']
+      if self._packers:
+        self._packers[s].set_state(position)
+      else:
+        self._next[s] = position['next_index']
       self._counters[s] = Counters(**state['shards'][str(s)]['counters'])
+
+
+def _read(source: Any, indices: list[int]) -> list[Any]:
+  getitems = getattr(source, '__getitems__', None)
+  return getitems(indices) if getitems else [source[i] for i in indices]
 
 
 def _packed_batch(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
