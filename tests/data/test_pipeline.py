@@ -204,6 +204,20 @@ def test_overlong_examples_are_truncated_or_dropped_and_counted(sources):
       assert not batches and reader.counters.dropped == 300
 
 
+@pytest.mark.parametrize('pack_length', [0, 40])
+def test_a_finite_pass_counts_every_example_packed_or_not(sources,
+                                                          pack_length):
+  """The last, partial batch is not given, but its examples (and every one
+  after it in the other shards) are counted: the counters cover the pass."""
+  train = sources['train']
+  transform = formats.sft_transform('arithmetic', CharTokenizer(), 32,
+                                    'drop', False)
+  reader = pipeline.Pipeline(train, transform, batch_size=16, seed=0,
+                             num_epochs=1, pack_length=pack_length)
+  assert sum(1 for _ in reader) > 0
+  assert reader.counters.examples == len(train)
+
+
 def test_packing_positions_segments_and_equal_loss(sources):
   tok = CharTokenizer()
   transform = formats.sft_transform('arithmetic', tok, 32, 'drop', False)

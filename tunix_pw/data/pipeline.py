@@ -254,17 +254,11 @@ class Pipeline:
 
   def _rows(self) -> list[Any]:
     """One row per shard: each round reads the next example of every shard
-    still without one in one batched read (tfds's `__getitems__`). At the
-    end of a finite stream, every example left is transformed (counted)."""
+    still without one in one batched read (tfds's `__getitems__`)."""
     rows, waiting, size = {}, list(self.shards), self._batch_size
     while waiting:
       positions = [s + self._next[s] * size for s in waiting]
       if max(positions) >= len(self._stream):
-        for s in self.shards:  # count the whole pass
-          for p in range(s + self._next[s] * size, len(self._stream), size):
-            i = self._stream[p]
-            self._checked(s, i, self._source[i])
-          self._next[s] = -(-(len(self._stream) - s) // size)
         raise StopIteration
       indices = [self._stream[p] for p in positions]
       for s, i, record in zip(waiting, indices, _read(self._source, indices)):
@@ -284,10 +278,26 @@ class Pipeline:
   def __iter__(self):
     return self
 
+  def _count_the_rest(self) -> None:
+    """At the end of a finite stream: every example left, transformed
+    (counted), so the counters cover the whole pass."""
+    for s in self.shards:
+      if self._packers:
+        for _ in self._packers[s]:
+          pass
+        continue
+      while (p := s + self._next[s] * self._batch_size) < len(self._stream):
+        self._next[s] += 1
+        self._checked(s, self._stream[p], self._source[self._stream[p]])
+
   def __next__(self):
-    if self._packers:
-      return self._batch_fn([next(self._packers[s]) for s in self.shards])
-    return self._batch_fn(self._rows())
+    try:
+      rows = ([next(self._packers[s]) for s in self.shards] if self._packers
+              else self._rows())
+    except StopIteration:
+      self._count_the_rest()
+      raise
+    return self._batch_fn(rows)
 
   def state(self) -> dict[str, Any]:
     """The position of this process's shards, by shard (the checkpoint
