@@ -1,8 +1,11 @@
 """main.py as users run it: bad configs exit 2 with one sentence; a resume
 into an incompatible workdir is refused; the smoke job runs."""
 
+import importlib.util
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -79,3 +82,25 @@ def test_smoke_runs_then_resumes_on_new_meshes_but_not_a_new_model(tmp_path):
   assert refused.returncode == 2
   [line] = helpers.error_lines(refused.stderr)
   assert '--config.model.preset=' in line and 'snapshot' in line
+
+
+def test_a_job_starts_without_importing_torch(tmp_path):
+  """tensorboardX imports torch wherever it is installed (the test extra
+  installs it), about a second of every job's start: the metrics writer
+  hides it, and the event files are still written."""
+  assert importlib.util.find_spec('torch')  # installed, so there to import
+  wrapper = ('import runpy, sys\n'
+             'sys.argv = ["main"] + sys.argv[1:]\n'
+             'try:\n'
+             '  runpy.run_module("tunix_pw.main", run_name="__main__")\n'
+             'finally:\n'
+             '  print("torch imported:", "torch" in sys.modules)\n')
+  result = subprocess.run(
+      [sys.executable, '-c', wrapper, '--config=tunix_pw/configs/sft.py:runlocal',
+       '--config.runtime.host_device_count=1',
+       '--config.meshes.actor.axes=fsdp=1', '--config.steps=1',
+       '--config.eval_examples=0', f'--workdir={tmp_path}'], cwd=helpers.ROOT, env=helpers.env(),
+      capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'torch imported: False' in result.stdout
+  assert os.listdir(tmp_path / 'tensorboard')

@@ -4,6 +4,7 @@ count of XLA compilations (a recompiling step is a bug worth seeing)."""
 from __future__ import annotations
 
 import json
+import sys
 import weakref
 from typing import Any
 
@@ -29,6 +30,22 @@ def compilations() -> int:
   return _COMPILES[0]
 
 
+def _summary_writer() -> type[Any]:
+  """tensorboardX's SummaryWriter, imported with torch hidden: tensorboardX
+  imports torch wherever it is installed (1.0-1.4 s of every job's start
+  here) only to accept torch tensors, and we give it floats. A process that
+  imported torch itself keeps it."""
+  hide = 'torch' not in sys.modules
+  if hide:
+    sys.modules['torch'] = None  # `import torch` raises ImportError
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+  finally:
+    if hide:
+      del sys.modules['torch']
+  return SummaryWriter
+
+
 class Writer:
   """Scalars per step to <workdir>/metrics.jsonl and TensorBoard (only the
   coordinator writes)."""
@@ -38,9 +55,8 @@ class Writer:
     self.path = workdir_lib.path(workdir, workdir_lib.METRICS)
     self._tb = None
     if enabled:
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self._tb = SummaryWriter(workdir_lib.path(workdir,
-                                                workdir_lib.TENSORBOARD))
+      self._tb = _summary_writer()(workdir_lib.path(workdir,
+                                                    workdir_lib.TENSORBOARD))
       _OPEN.add(self)
 
   def write(self, step: int, scalars: dict[str, Any]) -> dict[str, float]:
