@@ -17,6 +17,7 @@ PULSE = ['--config=tunix_pw/configs/agentic.py:runlocal',
          '--config.sft.steps=60', '--config.sft.batch_size=16',
          '--config.sft.optimizer.learning_rate=3e-3',
          '--config.sft.eval_examples=8', '--config.sft.eval_batch_size=8',
+         '--config.sft.eval_every=60',  # evaluated once, at the end
          '--config.agentic.steps=2', '--config.agentic.eval_examples=8',
          '--config.agentic.eval_batch_size=8',
          '--config.agentic.rl.prompts_per_step=2',
@@ -101,6 +102,7 @@ def test_the_code_task_runs_tests_in_the_sandbox(tmp_path):
       f'--config.sft.data.manual_dir={tmp_path}',
       f'--config.agentic.data.manual_dir={tmp_path}',
       '--config.sft.eval_examples=4', '--config.agentic.eval_examples=4',
+      '--config.sft.steps=10',  # the sandbox checks answers, right or not
       f'--workdir={tmp_path / "run"}', timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   steps = [m for m in metrics.read(str(tmp_path / 'run' / 'agentic'))
