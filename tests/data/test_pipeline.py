@@ -204,6 +204,18 @@ def test_overlong_examples_are_truncated_or_dropped_and_counted(sources):
       assert not batches and reader.counters.dropped == 300
 
 
+def test_an_endless_stream_dropping_everything_stops_after_one_split(sources):
+  """A filter that drops every example is named once the pipeline has read
+  a split's worth in a row over all its shards, not a split's worth each."""
+  transform = formats.sft_transform('arithmetic', CharTokenizer(), 4, 'drop',
+                                    False)
+  reader = pipeline.Pipeline(sources['train'], transform, batch_size=10,
+                             seed=0, num_epochs=None)
+  with pytest.raises(UsageError, match='300 examples of .* in a row'):
+    next(reader)
+  assert reader.counters.dropped == 300
+
+
 @pytest.mark.parametrize('pack_length', [0, 40])
 def test_a_finite_pass_counts_every_example_packed_or_not(sources,
                                                           pack_length):

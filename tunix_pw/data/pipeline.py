@@ -226,7 +226,10 @@ class Pipeline:
     self._source, self._transform = source, transform
     self._what, self._dropping = what, dropping
     self._endless = num_epochs is None
-    self._in_a_row = {s: 0 for s in self.shards}  # dropped since one kept
+    # Examples read in a row that were dropped (over this process's shards:
+    # an all-dropping filter stops after one pass's worth of reads, not
+    # one per shard).
+    self._in_a_row = 0
     self._stream = grain.MapDataset.range(len(source)).shuffle(
         seed=seed).repeat(num_epochs, reseed_each_epoch=True)
     # Unpacked, each shard is its position in its stream (grain's iterator
@@ -246,8 +249,8 @@ class Pipeline:
     (dropped); each example carries its index in the split ('index')."""
     out = self._transform(dict(builders.decode(record), index=i),
                           self._counters[s])
-    self._in_a_row[s] = 0 if out is not None else self._in_a_row[s] + 1
-    if self._in_a_row[s] >= len(self._source) and self._endless:
+    self._in_a_row = 0 if out is not None else self._in_a_row + 1
+    if self._in_a_row >= len(self._source) and self._endless:
       raise UsageError(f'{len(self._source)} examples of {self._what} in a '
                        f'row were dropped: {self._dropping}.')
     return out
