@@ -61,10 +61,10 @@ def test_disaggregated_grpo_across_two_controllers_resumes_bit_identical(
     tmp_path):
   """2 processes x 4 devices: the actor (and reference) on process 0's, the
   rollout on process 1's; weights cross processes by the union mesh,
-  rollouts come back to process 0. SIGTERM in step 3's update on both ->
+  rollouts come back to process 0. SIGTERM in step 2's update on both ->
   both exit 42 with a checkpoint only process 0 wrote -> the resume ends
   bit-identical to an uninterrupted run."""
-  grpo = ['--config=tunix_pw/configs/grpo.py:runlocal', '--config.steps=6',
+  grpo = ['--config=tunix_pw/configs/grpo.py:runlocal', '--config.steps=4',
           '--config.checkpoint.every=0', '--config.eval_examples=0',
           '--config.rl.rewards=digits:1']  # a dense reward: real updates
   straight = helpers.launch_local(2, *grpo, f'--workdir={tmp_path / "a"}')
@@ -74,22 +74,22 @@ def test_disaggregated_grpo_across_two_controllers_resumes_bit_identical(
           in straight.stdout), straight.stdout[:3000]  # process 1's ids
   assert 'weight sync by union_jit' in straight.stdout
   stopped = helpers.launch_local(2, *grpo, f'--workdir={tmp_path / "b"}',
-                                 **helpers.fault(phase='update', call=3,
+                                 **helpers.fault(phase='update', call=2,
                                                  signal='SIGTERM'))
   assert stopped.returncode == 42, stopped.stdout[-3000:]
   assert '[launch] exit codes: [42, 42]' in stopped.stdout
-  data = tmp_path / 'b' / 'checkpoints' / '3' / 'data'
+  data = tmp_path / 'b' / 'checkpoints' / '2' / 'data'
   [item] = [json.loads(f.read_text()) for f in data.iterdir()
             if f.suffix != '.txt']
   assert item['_topology'] == dict(devices=4, processes=1)
   resumed = helpers.launch_local(2, *grpo, f'--workdir={tmp_path / "b"}')
   assert resumed.returncode == 0, resumed.stdout[-3000:]
-  assert '[p0] grpo: resumed from step 3\n' in resumed.stdout
+  assert '[p0] grpo: resumed from step 2\n' in resumed.stdout
   rewards = [m['reward_mean'] for m in map(json.loads, open(
       tmp_path / 'a' / 'metrics.jsonl')) if 'reward_mean' in m]
   assert len(set(rewards)) > 1  # learning signal, not a constant
-  for a, b in zip(helpers.host_state(tmp_path / 'a', 6),
-                  helpers.host_state(tmp_path / 'b', 6)):
+  for a, b in zip(helpers.host_state(tmp_path / 'a', 4),
+                  helpers.host_state(tmp_path / 'b', 4)):
     np.testing.assert_array_equal(a, b)
 
 

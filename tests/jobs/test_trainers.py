@@ -188,7 +188,7 @@ def test_two_controllers_resume_bit_identical(tmp_path):
   42 on both) and a resume end where an uninterrupted run does, because
   every process's data position is checkpointed (only process 0's was, and
   process 1 resumed on process 0's)."""
-  args = [SFT, '--config.steps=14', '--config.log_every=1',
+  args = [SFT, '--config.steps=8', '--config.log_every=1',
           '--config.checkpoint.every=0', '--config.eval_examples=0',
           '--config.batch_size=16', '--config.data.max_length=10',
           '--config.data.overlong=drop']  # shares drop unlike amounts
@@ -203,9 +203,9 @@ def test_two_controllers_resume_bit_identical(tmp_path):
   output, _ = launcher.communicate(timeout=120)
   assert launcher.returncode == 42, output[-3000:]
   [stopped] = os.listdir(tmp_path / 'b' / 'checkpoints')
-  assert 0 < int(stopped) < 14
+  assert 0 < int(stopped) < 8
   resumed = helpers.launch_local(2, *args, f'--workdir={tmp_path / "b"}')
   assert resumed.returncode == 0, resumed.stdout[-3000:]
-  for a, b in zip(helpers.host_state(tmp_path / 'a', 14),
-                  helpers.host_state(tmp_path / 'b', 14)):
+  for a, b in zip(helpers.host_state(tmp_path / 'a', 8),
+                  helpers.host_state(tmp_path / 'b', 8)):
     np.testing.assert_array_equal(a, b)
