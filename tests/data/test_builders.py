@@ -64,6 +64,18 @@ def test_bad_lines_can_be_skipped_and_counted(tmp_path):
   assert skipped == {'train': 2, 'test': 0}
 
 
+@pytest.mark.parametrize('test, on_bad_line, message', [
+    (['\n', '  \n'], 'error', 'test.jsonl holds no examples.'),
+    (['{oops\n'], 'skip',
+     r'test.jsonl holds no examples \(bad lines skipped: 1\)'),
+])
+def test_a_split_without_examples_is_named(tmp_path, test, on_bad_line,
+                                           message):
+  write(tmp_path / 'jsonl', GSM8K, test)
+  with pytest.raises(UsageError, match=message):
+    load(tmp_path, 'gsm8k', on_bad_line)
+
+
 def test_preferences_and_chat(tmp_path):
   write(tmp_path / 'jsonl', [
       {'prompt': 'Say hi', 'chosen': 'Hi!', 'rejected': 'No.'}])

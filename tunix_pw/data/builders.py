@@ -161,7 +161,7 @@ class _JsonlBuilder(tfds.core.GeneratorBasedBuilder):
             for split in SPLITS}
 
   def _generate_examples(self, split: str, path: str):
-    skipped = 0
+    skipped, examples = 0, 0
     with open(path) as f:
       for number, line in enumerate(f, 1):
         if not line.strip():
@@ -178,7 +178,11 @@ class _JsonlBuilder(tfds.core.GeneratorBasedBuilder):
           message = str(e) if isinstance(e, ValueError) else (
               f'missing field {e}' if isinstance(e, KeyError) else str(e))
           raise UsageError(f'{path}:{number}: {message}.') from None
+        examples += 1
         yield number, example
+    if not examples:
+      raise UsageError(f'{path} holds no examples' + (
+          f' (bad lines skipped: {skipped})' if skipped else '') + '.')
     self._skipped[split] = skipped
     self.info.metadata['skipped_lines'] = dict(self._skipped)
 
