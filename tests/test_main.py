@@ -96,11 +96,13 @@ def test_a_job_starts_without_importing_torch(tmp_path):
              'finally:\n'
              '  print("torch imported:", "torch" in sys.modules)\n')
   result = subprocess.run(
-      [sys.executable, '-c', wrapper, '--config=tunix_pw/configs/sft.py:runlocal',
+      [sys.executable, '-c', wrapper,
+       '--config=tunix_pw/configs/sft.py:runlocal',
        '--config.runtime.host_device_count=1',
        '--config.meshes.actor.axes=fsdp=1', '--config.steps=1',
-       '--config.eval_examples=0', f'--workdir={tmp_path}'], cwd=helpers.ROOT, env=helpers.env(),
-      capture_output=True, text=True, timeout=300)
+       '--config.eval_examples=0', f'--workdir={tmp_path}'],
+      cwd=helpers.ROOT, env=helpers.env(), capture_output=True, text=True,
+      timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'torch imported: False' in result.stdout
   assert os.listdir(tmp_path / 'tensorboard')
