@@ -2,6 +2,7 @@
 invariance, sampling statistics, logprobs, compilation counts, sharding,
 stops, and weight updates."""
 
+import functools
 import re
 
 from flax import nnx
@@ -115,6 +116,28 @@ def test_the_compiled_loop_copies_no_cache_and_sorts_nothing(model):
   assert f'{shape}' in loops  # the cache is there, by this name
   assert not re.search(rf'= {re.escape(shape)}{{[0-9,]*}} copy\(', loops)
   assert ' sort(' not in hlo
+
+
+def test_on_cpu_the_decode_loop_slices_no_weights(model):
+  """The decode loop reads each layer's weights sliced once per call:
+  XLA:CPU copies a slice of a stacked weight wherever it is read, which was
+  a quarter of a small model's decode step (the weights copied per step)."""
+  sampler = Sampler(model, pad_id=0, eos_ids=())
+  config = SamplingConfig(max_new_tokens=16, temperature=1.0)
+  max_new, stops, temperature, top_p, key = sampler._scalars(config)
+  rows = jnp.zeros((3, 16), jnp.int32)
+  state = jax.eval_shape(functools.partial(sampler._prefill, cache_size=32),
+                         sampler.params, rows, rows, rows, key)
+  hlo = sampler._decode_chunk.lower(
+      sampler.params, state, 16, max_new, stops, temperature, top_p,
+      cache_size=32, **sampler._statics(config)).compile().as_text()
+  stacked = model.groups[0][0].mlp.gate.shape  # [repeats, embed, mlp]
+  assert stacked[0] > 1
+  entry = hlo[hlo.index('\nENTRY'):]
+  readers = re.findall(  # the computations that take a stacked weight
+      rf'^%(\S+) \(.*f32\[{",".join(map(str, stacked))}\]', hlo, re.M)
+  assert readers  # the weight is there, by this name
+  assert all(f'calls=%{name}' in entry for name in readers)  # sliced once
 
 
 def test_on_a_tp_mesh_each_row_is_sampled_whole_on_its_devices():

@@ -27,6 +27,9 @@ from tunix_pw.models import layers
 from tunix_pw.models.config import GLOBAL, LOCAL, ModelConfig
 from tunix_pw.runtime.sharding import Sharder
 
+# Per group, per repeat: that layer block's parameters (`split_layers`).
+Layers = tuple[tuple[nnx.State, ...], ...]
+
 REMAT_POLICIES = {
     'none': None,
     'full': jax.checkpoint_policies.nothing_saveable,
@@ -145,15 +148,17 @@ class Decoder(nnx.Module):
   def __call__(self, tokens: jax.Array, positions: jax.Array,
                segment_ids: jax.Array, cache: Cache | None = None,
                cache_slot: jax.Array | int = 0,
-               shard: Sharder = Sharder(),
-               last_only: bool = False) -> tuple[jax.Array, Cache | None]:
+               shard: Sharder = Sharder(), last_only: bool = False,
+               layers: Layers | None = None
+               ) -> tuple[jax.Array, Cache | None]:
     """tokens, positions, segment_ids: [B, T] (segment 0 = padding).
 
     Returns float32 logits [B, T, V] ([B, 1, V] for the last position only
     with `last_only`: a prefill needs no others) and the updated cache (or
-    None)."""
+    None). With `layers` (`split_layers`), the layers run one after another
+    from those parameters."""
     x, cache = self.hidden(tokens, positions, segment_ids, cache, cache_slot,
-                           shard)
+                           shard, layers)
     if last_only:
       x = x[:, -1:]
     return self.logits(x, shard), cache
@@ -178,12 +183,22 @@ class Decoder(nnx.Module):
   def hidden(self, tokens: jax.Array, positions: jax.Array,
              segment_ids: jax.Array, cache: Cache | None = None,
              cache_slot: jax.Array | int = 0,
-             shard: Sharder = Sharder()) -> tuple[jax.Array, Cache | None]:
+             shard: Sharder = Sharder(), layers: Layers | None = None
+             ) -> tuple[jax.Array, Cache | None]:
     """The final-normed hidden states [B, T, D] (what the LM head and a
     value head read) and the updated cache (or None)."""
     x, cache, _ = self._forward(tokens, positions, segment_ids, cache,
-                                cache_slot, shard, collect=False)
+                                cache_slot, shard, collect=False,
+                                layers=layers)
     return x, cache
+
+  def split_layers(self) -> Layers:
+    """Each group's parameters one repeat at a time, for `layers`: a
+    decode loop slices them once, before the loop. (XLA:CPU copies a slice
+    of a stacked weight wherever it is read, so every decode step of a
+    scanned model would copy all of its weights: a quarter of a small
+    model's step.)"""
+    return tuple(_per_repeat(nnx.split(group)[1]) for group in self.groups)
 
   def internals(self, tokens: jax.Array, positions: jax.Array,
                 segment_ids: jax.Array, shard: Sharder = Sharder()
@@ -196,7 +211,7 @@ class Decoder(nnx.Module):
     return self.logits(x, shard), outputs, probs
 
   def _forward(self, tokens, positions, segment_ids, cache, cache_slot,
-               shard, collect: bool):
+               shard, collect: bool, layers: Layers | None = None):
     cfg = self.cfg
     b, t = tokens.shape
     x = jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)
@@ -221,9 +236,9 @@ class Decoder(nnx.Module):
     new_kv, collected = [], []
     for g, group in enumerate(self.groups):
       group_cache = None if cache is None else (cache.k[g], cache.v[g])
-      (x, kv), per_layer = self._run_group(group, x, positions, masks,
-                                           group_cache, cache_slot, shard,
-                                           collect)
+      (x, kv), per_layer = self._run_group(
+          group, x, positions, masks, group_cache, cache_slot, shard,
+          collect, None if layers is None else layers[g])
       new_kv.append(kv)
       collected.append(per_layer)
     if cache is not None:
@@ -234,10 +249,11 @@ class Decoder(nnx.Module):
     return self.final_norm(x), cache, collected if collect else None
 
   def _run_group(self, group, x, positions, masks, group_cache, slot, shard,
-                 collect: bool = False):
-    """Runs a group's repeats; its cache ((keys, values) per pattern
-    position) is carried through them and updated in place, so a decode step
-    copies no cache. With `collect`, also each layer's (output, attention
+                 collect: bool = False, repeats=None):
+    """Runs a group's repeats (from `repeats`, the parameters of each,
+    when given); its cache ((keys, values) per pattern position) is
+    carried through them and updated in place, so a decode step copies no
+    cache. With `collect`, also each layer's (output, attention
     probabilities), stacked [repeats x pattern, ...] in layer order."""
     graphdef, state = nnx.split(group)
     dtype = self.dtype
@@ -262,20 +278,25 @@ class Decoder(nnx.Module):
     policy = REMAT_POLICIES[self.remat]
     if self.remat != 'none':
       body = jax.checkpoint(body, policy=policy, prevent_cse=not self.scan)
-    repeats = jax.tree.leaves(state)[0].shape[0]
     carry = (x, group_cache)
-    if self.scan:
-      carry, ys = jax.lax.scan(body, carry, (state, jnp.arange(repeats)))
+    if self.scan and repeats is None:
+      carry, ys = jax.lax.scan(body, carry, (state, jnp.arange(
+          jax.tree.leaves(state)[0].shape[0])))
     else:
       steps = []
-      for r in range(repeats):
-        carry, y = body(carry, (jax.tree.map(operator.itemgetter(r), state),
-                                r))
+      for r, layer_state in enumerate(repeats or _per_repeat(state)):
+        carry, y = body(carry, (layer_state, r))
         steps.append(y)
       ys = jax.tree.map(lambda *v: jnp.stack(v), *steps) if collect else None
     if collect:  # [repeats, pattern, ...] -> [repeats x pattern, ...]
       ys = tuple(y.reshape((-1,) + y.shape[2:]) for y in ys)
     return carry, ys
+
+
+def _per_repeat(state: nnx.State) -> tuple[nnx.State, ...]:
+  """A group's stacked parameters, one state per repeat."""
+  return tuple(jax.tree.map(operator.itemgetter(r), state)
+               for r in range(jax.tree.leaves(state)[0].shape[0]))
 
 
 def abstract(cfg: ModelConfig, **kwargs) -> Decoder:

@@ -55,6 +55,11 @@ class Sampler:
     self.cache_dtype = model.dtype
     self.pad_id, self.eos_ids = pad_id, tuple(eos_ids)
     self.mesh, self.rules, self.runtime = mesh, rules, runtime
+    # XLA:CPU copies a layer's weights out of the stacked ones at every
+    # decode step; there, the loop reads them sliced once per call (at the
+    # cost of that copy's memory, which TPUs, slicing for free, don't pay).
+    devices = jax.devices() if mesh is None else mesh.devices.flat
+    self.split_layers = next(iter(devices)).platform == 'cpu'
     self.sync_budget = sync_budget  # what update_weights stages at once
     self.max_cache = max_cache or self.cfg.max_position
     self.traces = 0  # compilations of the generate program, for tests
@@ -235,6 +240,7 @@ class Sampler:
     """One-token decode steps from `state` until step `until`, `max_new`
     or every row's stop."""
     model = nnx.merge(self.graphdef, params)
+    layers = model.split_layers() if self.split_layers else None
     shard = Sharder(self.mesh, self.rules)
     next_position, uniforms = state[7], state[8]
     prompt_len = cache_size - uniforms.shape[0]
@@ -260,7 +266,7 @@ class Sampler:
       done = done | jnp.isin(token, stops) | (step + 1 >= max_new)
       logits, cache = model(token[:, None], (next_position + step)[:, None],
                             live.astype(jnp.int32)[:, None], cache,
-                            prompt_len + step, shard=shard)
+                            prompt_len + step, shard=shard, layers=layers)
       return (step + 1, cache, logits[:, 0], out_tokens, out_logprobs,
               lengths, done) + state[7:]
 
