@@ -127,8 +127,9 @@ def standalone(name: str, generations: int) -> float:
   rng = np.random.default_rng(1)
   samples = PROMPTS * generations
   prompts = [[1] + rng.integers(4, 100, prompt - 1).tolist()
-             for _ in range(samples)]
-  config = SamplingConfig(max_new_tokens=new, top_p=TOP_P, ignore_eos=True)
+             for _ in range(PROMPTS)]
+  config = SamplingConfig(max_new_tokens=new, top_p=TOP_P, ignore_eos=True,
+                          generations=generations)
   jax.device_get(sampler.generate(prompts, config).tokens)
   rates = []
   for _ in range(5):

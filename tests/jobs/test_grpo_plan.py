@@ -93,3 +93,25 @@ def test_reshard_group_mib_sizes_the_real_weight_sync(mib, groups):
   assert engine.last_sync.bytes > 3 << 20  # tiny-gemma: 3.7 MiB
   assert engine.last_sync.groups >= groups
   assert (engine.last_sync.groups == 1) == (mib == 256)
+
+
+def test_a_rollout_prefills_each_prompt_once():
+  """The engine gets each prompt once with `generations` (one prefill per
+  prompt, bit-identical to the prompt repeated: tests/sampling), and the
+  groups get every generation."""
+  c = config()
+  role_meshes = meshes.build(c.meshes, RUNTIME.devices)
+  programs = rl_plan.plan(c, role_meshes, abstract=False)
+  tokenizer = tokenizers.load('char')
+  engine = grpo.rollout_engine(c, programs, tokenizer, role_meshes, RUNTIME)
+  calls, generate = [], engine.generate
+  engine.generate = lambda prompts, sampling: (
+      calls.append((len(prompts), sampling.generations)),
+      generate(prompts, sampling))[1]
+  prompts = [dict(prompt=[5 + i, 6, 7], answer='1')
+             for i in range(c.rl.prompts_per_step)]
+  result = phases.rollout(engine, iter([prompts]), tokenizer, c.rl,
+                          {'': [('digits', 1.0)]}, seed=0, step=0)()
+  assert calls == [(c.rl.prompts_per_step, c.rl.num_generations)]
+  assert [len(g.completions) for g in result.groups] == (
+      [c.rl.num_generations] * c.rl.prompts_per_step)

@@ -2,6 +2,7 @@
 invariance, sampling statistics, logprobs, compilation counts, sharding,
 stops, and weight updates."""
 
+import dataclasses
 import functools
 import re
 
@@ -126,7 +127,8 @@ def test_on_cpu_the_decode_loop_slices_no_weights(model):
   config = SamplingConfig(max_new_tokens=16, temperature=1.0)
   max_new, stops, temperature, top_p, key = sampler._scalars(config)
   rows = jnp.zeros((3, 16), jnp.int32)
-  state = jax.eval_shape(functools.partial(sampler._prefill, cache_size=32),
+  state = jax.eval_shape(functools.partial(sampler._prefill, cache_size=32,
+                                           generations=1),
                          sampler.params, rows, rows, rows, key)
   hlo = sampler._decode_chunk.lower(
       sampler.params, state, 16, max_new, stops, temperature, top_p,
@@ -138,6 +140,34 @@ def test_on_cpu_the_decode_loop_slices_no_weights(model):
       rf'^%(\S+) \(.*f32\[{",".join(map(str, stacked))}\]', hlo, re.M)
   assert readers  # the weight is there, by this name
   assert all(f'calls=%{name}' in entry for name in readers)  # sliced once
+
+
+def test_generations_share_each_prompts_prefill(model):
+  """G generations of each prompt equal the prompt repeated G times (the
+  same tokens; log-probabilities to float rounding: XLA's matmul blocking
+  follows the row count), from one prefill per prompt (GRPO's groups: G
+  times less prefill)."""
+  mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ('fsdp', 'tp'))
+  sampler = Sampler(model, pad_id=0, eos_ids=(), mesh=mesh,
+                    rules=common.sharding())
+  config = SamplingConfig(max_new_tokens=8, temperature=1.0, top_p=0.9,
+                          seed=3)
+  shared = dataclasses.replace(config, generations=3)
+  out = sampler.generate(PROMPTS, shared)
+  repeated = sampler.generate([p for p in PROMPTS for _ in range(3)], config)
+  for field in ('tokens', 'mask', 'lengths'):
+    assert np.array_equal(getattr(out, field), getattr(repeated, field))
+  np.testing.assert_allclose(out.logprobs, repeated.logprobs, rtol=1e-6)
+  greedy = dataclasses.replace(config, greedy=True)
+  assert np.array_equal(
+      sampler.generate(PROMPTS, dataclasses.replace(greedy, generations=3)
+                       ).tokens,
+      sampler.generate([p for p in PROMPTS for _ in range(3)], greedy).tokens)
+  assert len(set(map(tuple, np.asarray(out.tokens[:3]).tolist()))) > 1
+  hlo = sampler.lower(3, 16, shared).compile().as_text()
+  d = model.cfg.embed_dim
+  assert f'f32[{3 * 16},{d}]' in hlo  # the prefill: 3 prompts' 16 tokens
+  assert f'f32[{9 * 16},{d}]' not in hlo
 
 
 def test_on_a_tp_mesh_each_row_is_sampled_whole_on_its_devices():

@@ -63,6 +63,12 @@ class Cache:
   def size(self) -> int:
     return self.positions.shape[1]
 
+  def repeat(self, n: int) -> 'Cache':
+    """Each row `n` times in a row (one prefill for n generations)."""
+    rows = lambda axis: lambda a: jnp.repeat(a, n, axis=axis)
+    return Cache(jax.tree.map(rows(1), self.k), jax.tree.map(rows(1), self.v),
+                 rows(0)(self.positions), rows(0)(self.segments))
+
 
 def attention_masks(cfg: ModelConfig, q_positions, q_segments, q_slots,
                     kv_positions, kv_segments, kv_slots) -> dict[str, Any]:

@@ -160,7 +160,8 @@ def _generate(sampler: Any, prompts: list[dict[str, Any]], rl: Any,
               sampling: Any, counts: dict[str, int]) -> _Generated:
   rows_prompts = [p['prompt'] for p in prompts
                   for _ in range(rl.num_generations)]
-  out = sampler.generate(rows_prompts, sampling)
+  out = sampler.generate([p['prompt'] for p in prompts], dataclasses.replace(
+      sampling, generations=rl.num_generations))
   tokens, logprobs, lengths = fetch((out.tokens, out.logprobs, out.lengths))
   counts['generated'] += int(lengths.sum())
   rows = lambda x: [x[r, :n].tolist() for r, n in enumerate(lengths)]

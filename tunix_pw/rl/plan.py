@@ -156,15 +156,15 @@ def rollout_phase(config: Any, rollout_model: Any,
   rl = config.rl
   sampler = Sampler(rollout_model, pad_id=0, eos_ids=(1,), mesh=rollout_mesh,
                     rules=config.sharding)
-  samples = rl.prompts_per_step * rl.num_generations
-  sampling = phases.sampling(rl)
+  sampling = dataclasses.replace(phases.sampling(rl),
+                                 generations=rl.num_generations)
   return compile_only.Phase(
       'rollout', 'rollout',
-      lambda: [sampler.lower(samples, rl.max_prompt_length,
+      lambda: [sampler.lower(rl.prompts_per_step, rl.max_prompt_length,
                              sampling).compile()],
       resident_args=compile_only.per_device(nnx.state(rollout_model)),
       note=lambda: 'KV cache ' + compile_only.size(sampler.cache_bytes(
-          samples, rl.max_prompt_length, sampling)))
+          rl.prompts_per_step, rl.max_prompt_length, sampling)))
 
 
 def teacher_phase(config: Any, meshes: meshes_lib.RoleMeshes,

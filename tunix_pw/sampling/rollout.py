@@ -30,6 +30,9 @@ class SamplingConfig:
   seed: int = 0
   stop_ids: tuple[int, ...] = ()  # besides the tokenizer's own
   ignore_eos: bool = False  # benchmarks: always generate max_new_tokens
+  # Completions per prompt, rows prompt-major: G rows of prompt 0, then
+  # prompt 1's... (GRPO's groups), sharing each prompt's prefill.
+  generations: int = 1
 
   def __post_init__(self):
     if self.max_new_tokens <= 0:
@@ -37,6 +40,9 @@ class SamplingConfig:
                        'least 1.')
     if not 0.0 < self.top_p <= 1.0:
       raise UsageError(f'top_p={self.top_p} must be in (0, 1].')
+    if self.generations < 1:
+      raise UsageError(f'generations={self.generations} must be at least '
+                       '1.')
     if self.top_k < 0 or self.temperature < 0:
       raise UsageError(f'top_k={self.top_k} and temperature='
                        f'{self.temperature} must not be negative.')
@@ -48,7 +54,8 @@ class SamplingConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Completions:
-  """Generated tokens per prompt, right-padded to a common length.
+  """Generated tokens per row (`generations` rows per prompt),
+  right-padded to a common length.
 
   tokens, logprobs, mask: [B, N]; lengths: [B]. `mask` covers the generated
   tokens, the stop token included; `logprobs` is the model's log-softmax

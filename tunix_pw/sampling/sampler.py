@@ -65,8 +65,10 @@ class Sampler:
     self.traces = 0  # compilations of the generate program, for tests
     self.last_sync: reshard.Stats | None = None
     statics = ('cache_size', 'top_k', 'use_top_p', 'greedy')
-    self._generate = jax.jit(self._program, static_argnames=statics)
-    self._prefill = jax.jit(self._start, static_argnames=('cache_size',))
+    self._generate = jax.jit(self._program,
+                             static_argnames=statics + ('generations',))
+    self._prefill = jax.jit(self._start,
+                            static_argnames=('cache_size', 'generations'))
     self._decode_chunk = jax.jit(self._continue, static_argnames=statics,
                                  donate_argnums=(1,))
 
@@ -106,6 +108,8 @@ class Sampler:
 
   def generate(self, prompts: Sequence[Sequence[int]],
                sampling: SamplingConfig) -> Completions:
+    """`sampling.generations` completions of each prompt, rows
+    prompt-major."""
     if not prompts:
       raise UsageError('no prompts to generate from.')
     lengths = [len(p) for p in prompts]
@@ -129,6 +133,7 @@ class Sampler:
       return self._generate_in_chunks(rows, sampling, cache_size)
     out = self._generate(self.serving()[0], *rows, *self._scalars(sampling),
                          cache_size=cache_size,
+                         generations=sampling.generations,
                          **self._statics(sampling))
     n = sampling.max_new_tokens
     tokens, logprobs, mask, lengths = out
@@ -141,9 +146,10 @@ class Sampler:
     weights served when it starts (partial rollouts)."""
     max_new, stops, temperature, top_p, key = self._scalars(sampling)
     params, version = self.serving()
-    state = self._prefill(params, *rows, key, cache_size=cache_size)
+    state = self._prefill(params, *rows, key, cache_size=cache_size,
+                          generations=sampling.generations)
     n = sampling.max_new_tokens
-    versions = np.zeros((len(rows[0]), n), np.int32)
+    versions = np.zeros((len(state[5]), n), np.int32)
     for start in range(0, n, self.decode_chunk):
       if start:
         params, version = self.serving()
@@ -162,7 +168,7 @@ class Sampler:
   def lower(self, batch: int, prompt_length: int,
             sampling: SamplingConfig) -> jax.stages.Lowered:
     """The generate program for `batch` prompts of up to `prompt_length`
-    tokens, from shapes alone (the weights may be ShapeDtypeStructs with
+    tokens (`sampling.generations` rows each), from shapes alone (the weights may be ShapeDtypeStructs with
     shardings): what compile-only checks compile."""
     prompt_len, cache_size = self._sizes(prompt_length, sampling)
     rows = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32,
@@ -173,14 +179,15 @@ class Sampler:
                for x in self._scalars(sampling)]
     return self._generate.lower(self.params, rows, rows, rows, *scalars,
                                 cache_size=cache_size,
+                                generations=sampling.generations,
                                 **self._statics(sampling))
 
   def cache_bytes(self, batch: int, prompt_length: int,
                   sampling: SamplingConfig) -> int:
     """Bytes per device of the KV cache `lower`'s program allocates."""
     _, cache_size = self._sizes(prompt_length, sampling)
-    cache = jax.eval_shape(lambda: Cache.empty(self.cfg, batch, cache_size,
-                                               self.cache_dtype))
+    cache = jax.eval_shape(lambda: Cache.empty(
+        self.cfg, batch * sampling.generations, cache_size, self.cache_dtype))
     return sum(
         math.prod(sharding.named(self.mesh, x.shape, _KV_AXES,
                                  self.rules).shard_shape(x.shape)) *
@@ -213,18 +220,27 @@ class Sampler:
     return jax.device_put(x, self._batch_sharding(x.shape))
 
   def _start(self, params, tokens, positions, segments, key, *,
-             cache_size) -> tuple[Any, ...]:
-    """The prefill: the decode loop's state before its first step."""
+             cache_size, generations) -> tuple[Any, ...]:
+    """The prefill: the decode loop's state before its first step. Each
+    prompt's prefill serves its `generations` rows."""
     model = nnx.merge(self.graphdef, params)
     shard = Sharder(self.mesh, self.rules)
-    batch, prompt_len = tokens.shape
-    budget = cache_size - prompt_len
-    cache = Cache.empty(self.cfg, batch, cache_size, self.cache_dtype)
-    cache = cache.replace(
-        k=jax.tree.map(lambda a: shard(a, *_KV_AXES), cache.k),
-        v=jax.tree.map(lambda a: shard(a, *_KV_AXES), cache.v))
+    prompts, prompt_len = tokens.shape
+    batch, budget = prompts * generations, cache_size - prompt_len
+
+    def kv_on_mesh(cache):
+      return cache.replace(
+          k=jax.tree.map(lambda a: shard(a, *_KV_AXES), cache.k),
+          v=jax.tree.map(lambda a: shard(a, *_KV_AXES), cache.v))
+
+    cache = kv_on_mesh(Cache.empty(self.cfg, prompts, cache_size,
+                                   self.cache_dtype))
     logits, cache = model(tokens, positions, segments, cache, 0, shard=shard,
                           last_only=True)
+    if generations > 1:
+      cache = kv_on_mesh(cache.repeat(generations))
+      logits, positions = (jnp.repeat(x, generations, axis=0)
+                           for x in (logits, positions))
     # Every step's random numbers at once: one per row and step, drawn
     # outside the loop (a few KB; the loop then runs no generator).
     uniforms = jax.random.uniform(key, (budget, batch))
@@ -278,12 +294,12 @@ class Sampler:
 
   def _program(self, params, tokens, positions, segments, max_new, stops,
                temperature, top_p, key, *, cache_size, top_k, use_top_p,
-               greedy) -> tuple[jax.Array, ...]:
+               greedy, generations) -> tuple[jax.Array, ...]:
     """The whole generation in one program: the prefill and the decode
     loop to the end."""
     self.traces += 1  # runs once per compilation (tracing), not per call
     state = self._start(params, tokens, positions, segments, key,
-                        cache_size=cache_size)
+                        cache_size=cache_size, generations=generations)
     state = self._continue(params, state, max_new, max_new, stops,
                            temperature, top_p, cache_size=cache_size,
                            top_k=top_k, use_top_p=use_top_p, greedy=greedy)
