@@ -168,8 +168,9 @@ class Sampler:
   def lower(self, batch: int, prompt_length: int,
             sampling: SamplingConfig) -> jax.stages.Lowered:
     """The generate program for `batch` prompts of up to `prompt_length`
-    tokens (`sampling.generations` rows each), from shapes alone (the weights may be ShapeDtypeStructs with
-    shardings): what compile-only checks compile."""
+    tokens (`sampling.generations` rows each), from shapes alone (the
+    weights may be ShapeDtypeStructs with shardings): what compile-only
+    checks compile."""
     prompt_len, cache_size = self._sizes(prompt_length, sampling)
     rows = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32,
                                 sharding=self._batch_sharding(
