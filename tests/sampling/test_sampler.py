@@ -2,6 +2,7 @@
 invariance, sampling statistics, logprobs, compilation counts, sharding,
 stops, and weight updates."""
 
+import collections
 import dataclasses
 import functools
 import re
@@ -11,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 import numpy as np
+import psutil
 import pytest
 from scipy import stats
 
@@ -140,6 +142,25 @@ def test_on_cpu_the_decode_loop_slices_no_weights(model):
       rf'^%(\S+) \(.*f32\[{",".join(map(str, stacked))}\]', hlo, re.M)
   assert readers  # the weight is there, by this name
   assert all(f'calls=%{name}' in entry for name in readers)  # sliced once
+
+
+def test_weights_too_large_to_copy_are_sliced_per_step(model, monkeypatch):
+  """The once-per-call slices hold a second copy of the layers' weights:
+  not when that copy would take over an eighth of the host's memory. Both
+  ways give the same greedy tokens."""
+  layers = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model.groups)))
+  memory = collections.namedtuple('Memory', 'total')
+  monkeypatch.setattr(psutil, 'virtual_memory', lambda: memory(8 * layers))
+  assert Sampler(model, pad_id=0, eos_ids=()).split_layers
+  monkeypatch.setattr(psutil, 'virtual_memory',
+                      lambda: memory(8 * layers - 8))
+  sliced_per_step = Sampler(model, pad_id=0, eos_ids=())
+  assert not sliced_per_step.split_layers
+  monkeypatch.undo()
+  greedy = SamplingConfig(max_new_tokens=10, greedy=True)
+  assert np.array_equal(
+      sliced_per_step.generate(PROMPTS, greedy).tokens,
+      Sampler(model, pad_id=0, eos_ids=()).generate(PROMPTS, greedy).tokens)
 
 
 def test_generations_share_each_prompts_prefill(model):

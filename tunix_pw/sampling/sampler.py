@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import numpy as np
+import psutil
 
 from tunix_pw.errors import UsageError
 from tunix_pw.models.decoder import Cache, Decoder
@@ -55,11 +56,7 @@ class Sampler:
     self.cache_dtype = model.dtype
     self.pad_id, self.eos_ids = pad_id, tuple(eos_ids)
     self.mesh, self.rules, self.runtime = mesh, rules, runtime
-    # XLA:CPU copies a layer's weights out of the stacked ones at every
-    # decode step; there, the loop reads them sliced once per call (at the
-    # cost of that copy's memory, which TPUs, slicing for free, don't pay).
-    devices = jax.devices() if mesh is None else mesh.devices.flat
-    self.split_layers = next(iter(devices)).platform == 'cpu'
+    self.split_layers = _split_layers(model, mesh)
     self.sync_budget = sync_budget  # what update_weights stages at once
     self.max_cache = max_cache or self.cfg.max_position
     self.traces = 0  # compilations of the generate program, for tests
@@ -307,6 +304,19 @@ class Sampler:
     out_tokens, out_logprobs, lengths = state[3], state[4], state[5]
     mask = jnp.arange(out_tokens.shape[1])[None] < lengths[:, None]
     return out_tokens, out_logprobs, mask, lengths
+
+
+def _split_layers(model: Decoder, mesh: Mesh | None) -> bool:
+  """Whether the decode loop reads each layer's weights sliced once per
+  call: on CPU, where XLA copies a layer's weights out of the stacked ones
+  at every decode step, when that second copy of them is small beside the
+  host's memory. (TPUs read such slices in place.)"""
+  devices = jax.devices() if mesh is None else mesh.devices.flat
+  if next(iter(devices)).platform != 'cpu':
+    return False
+  copy = sum(math.prod(x.shape) * x.dtype.itemsize
+             for x in jax.tree.leaves(nnx.state(model.groups)))
+  return copy <= psutil.virtual_memory().total // 8
 
 
 def make_sampler(model: Decoder, tokenizer: Any, **kwargs) -> Sampler:
