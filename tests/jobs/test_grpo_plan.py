@@ -97,7 +97,7 @@ def test_reshard_group_mib_sizes_the_real_weight_sync(mib, groups):
 
 def test_a_rollout_prefills_each_prompt_once():
   """The engine gets each prompt once with `generations` (one prefill per
-  prompt, bit-identical to the prompt repeated: tests/sampling), and the
+  prompt, the same tokens as the prompt repeated: tests/sampling), and the
   groups get every generation."""
   c = config()
   role_meshes = meshes.build(c.meshes, RUNTIME.devices)
