@@ -36,6 +36,10 @@ def run(variant: str, workdir: str) -> dict:
       '--config.rl.rewards=digits:1.0,format:0.1,overlong:0.5',
       # Two updates per rollout (importance ratios, old log-probabilities).
       '--config.rl.mini_batch_size=32',
+      # The train step as recorded: scanned layers (unrolled, as on CPU by
+      # default, its backward rounds differently; test_step checks the two
+      # agree).
+      '--config.model.unroll_cpu_train=False',
       f'--config.export={export}', f'--workdir={workdir}')
   assert result.returncode == 0, result.stderr[-3000:]
   with open(os.path.join(export, 'model.safetensors'), 'rb') as f:

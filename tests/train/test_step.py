@@ -171,3 +171,39 @@ def test_a_non_finite_step_is_skipped_and_counted():
     assert np.array_equal(after, before) == bool(skipped)
     assert np.isfinite(after).all()
   np.testing.assert_allclose(after, before - 0.1)
+
+
+def test_on_cpu_the_train_step_unrolls_the_layers():
+  """By default (model.unroll_cpu_train) a train step on CPU devices runs
+  the layers unscanned: its program loops over no layers, and one SGD step
+  on the fsdp=4 x tp=2 mesh gives the scanned step's loss and parameters
+  to float rounding."""
+  from tunix_pw.configs import sft as sft_config  # pylint: disable=g-import-not-at-top
+  from tunix_pw.jobs import sft  # pylint: disable=g-import-not-at-top
+  from tunix_pw.runtime import meshes  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(4, 100, (64, 16))
+  batch = dict(tokens=tokens, positions=np.broadcast_to(np.arange(16),
+                                                         tokens.shape),
+               segment_ids=np.ones_like(tokens),
+               loss_mask=np.ones(tokens.shape, np.float32))
+  loops, losses, params = [], [], []
+  for unroll in (True, False):
+    config = sft_config.get_config('runlocal')
+    config.model.unroll_cpu_train = unroll
+    config.optimizer.update(name='sgd', learning_rate=1.0, warmup_steps=0,
+                            clip_norm=0.0, schedule='constant')
+    policy = sft.plan(config, meshes.build(config.meshes, jax.devices()),
+                      abstract=False)
+    step = policy.train_step
+    loops.append(step.func.lower(policy.state, batch, **step.keywords)
+                 .as_text().count('stablehlo.while'))
+    state, metrics = step(policy.state, batch)
+    losses.append(float(metrics['loss']))
+    params.append(jax.device_get(state.params))
+  # Scanned: two loops more, over the layers forward and backward.
+  assert loops[1] - loops[0] == 2
+  np.testing.assert_allclose(losses[0], losses[1], rtol=1e-6)
+  for unrolled, scanned in zip(*map(jax.tree.leaves, params)):
+    # Moved by about 1e-2; equal to a few of their ulps.
+    np.testing.assert_allclose(unrolled, scanned, rtol=1e-6, atol=1e-7)

@@ -73,10 +73,15 @@ def model(preset: str, checkpoint: str = '') -> ml_collections.ConfigDict:
     export); empty: random init from the preset.
   tokenizer: a directory with tokenizer.json or tokenizer.model, or 'char'
     (built in); empty: the checkpoint's, else 'char'.
+  scan: the layers run as a scan over their stacked parameters (one
+    compiled layer, however deep the model); False unrolls them.
+  unroll_cpu_train: on CPU devices, the train step unrolls them anyway
+    (faster there); False keeps its scan.
   """
   return ml_collections.ConfigDict(dict(
       preset=preset, checkpoint=checkpoint, tokenizer='',
-      param_dtype='float32', dtype='float32', scan=True, remat='none'))
+      param_dtype='float32', dtype='float32', scan=True,
+      unroll_cpu_train=True, remat='none'))
 
 
 def data(name: str = 'arithmetic', **arithmetic) -> ml_collections.ConfigDict:

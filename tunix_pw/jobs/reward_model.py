@@ -81,7 +81,7 @@ def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
       model, mesh, functools.partial(loss, shard=Sharder(mesh, rules)),
       use_lora=False, optimizer=config.optimizer, seed=config.seed,
       micro_batches=config.micro_batches, total_updates=config.steps,
-      abstract=abstract)
+      abstract=abstract, unroll_on_cpu=config.model.unroll_cpu_train)
 
 
 def pairs(config: Any, source: Any, tokenizer: Any, runtime: Any, *,

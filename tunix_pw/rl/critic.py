@@ -80,7 +80,8 @@ def build(config: Any, meshes: Any, *, abstract: bool) -> program.Program:
                                    shard=Sharder(on, config.sharding)),
       use_lora=False, optimizer=config.critic.optimizer, seed=config.seed,
       micro_batches=rl.mini_batch_size // rl.micro_batch_size,
-      total_updates=plan_lib.total_updates(config), abstract=abstract)
+      total_updates=plan_lib.total_updates(config), abstract=abstract,
+      unroll_on_cpu=model_block(config).unroll_cpu_train)
 
 
 def values_program(config: Any, critic: program.Program):

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 import dataclasses
+import functools
 from typing import Any
 
 from flax import nnx
 import jax
 
 from tunix_pw import compile_only
+from tunix_pw.models import decoder
 from tunix_pw.train import optim, setup
 from tunix_pw.train import step as step_lib
 
@@ -54,23 +56,33 @@ def build(config: Any, mesh: Any, loss_fn: LossFn, *, micro_batches: int,
   return from_model(model, mesh, loss_fn, use_lora=config.lora.rank > 0,
                     optimizer=config.optimizer, seed=config.seed,
                     micro_batches=micro_batches, total_updates=total_updates,
-                    abstract=abstract)
+                    abstract=abstract,
+                    unroll_on_cpu=config.model.unroll_cpu_train)
 
 
 def from_model(model: nnx.Module, mesh: Any, loss_fn: LossFn, *,
                use_lora: bool, optimizer: Any, seed: int, micro_batches: int,
-               total_updates: int, abstract: bool) -> Program:
+               total_updates: int, abstract: bool,
+               unroll_on_cpu: bool) -> Program:
   """A trained `model` (arrays, or shapes with shardings when `abstract`)
-  on `mesh`, its optimizer (an optimizer block) and train step."""
+  on `mesh`, its optimizer (an optimizer block) and train step; with
+  `unroll_on_cpu`, a step on CPU devices runs the layers unscanned
+  (`decoder.unrolled`; the other programs keep the scan)."""
   graphdef, params, frozen = setup.split(model, use_lora)
   transform, schedule = optim.make(optimizer, total_updates)
   state = (step_lib.TrainState.abstract(params, transform) if abstract else
            step_lib.TrainState.create(params, transform, seed))
+  if unroll_on_cpu and mesh.devices.flat[0].platform == 'cpu':
+    loss_fn = functools.partial(_unrolled, loss_fn)
   train_step = step_lib.make_step(
       graphdef, frozen, loss_fn, transform, schedule, micro_batches,
       jax.tree.map(lambda x: x.sharding, params))
   return Program(mesh, graphdef, nnx.graphdef(model), params, frozen, state,
                  train_step)
+
+
+def _unrolled(loss_fn: LossFn, model: nnx.Module, *args: Any) -> Any:
+  return loss_fn(decoder.unrolled(model), *args)
 
 
 def train_phase(program: Program, batch: dict[str, Any],
