@@ -304,6 +304,9 @@ def train(parts: Parts, heldout: dict[str, Any], workdir: str,
   steps (`step_fn`, as `step`: metrics, samples, evaluation (`evaluate_fn`,
   as `evaluate_sets`), checkpoints), the final evaluation; returns the
   final state."""
+  if parts.collect is None:  # (an agent draws its own prompts)
+    parts = dataclasses.replace(parts,
+                                data=asynchronous.Lookahead(parts.data))
   config, runtime, sampler = parts.config, parts.runtime, parts.sampler
   asynchronous.check_controllers(config, runtime.process_count)
   session = loop.Session(name, config, runtime, workdir, state, parts.data)

@@ -8,9 +8,11 @@ steps); a scoring thread scores them (rewards, verifiers, judges), so a slow
 verifier overlaps the next generation and the update; the trainer takes the
 rollouts in step order and publishes each new version after its weight
 sync. k = 0 is the synchronous loop: step i's rollout waits for the weights
-of step i - 1. Every rollout carries its data position before and after it,
-so a checkpoint holds the position of the last rollout trained on and a
-resumed run regenerates the ones that were in flight.
+of step i - 1, and the thread reads step i's prompts while it waits
+(Lookahead), off the step's critical path. Every rollout carries its data
+position before and after it, so a checkpoint holds the position of the
+last rollout trained on and a resumed run regenerates the ones that were
+in flight.
 
 Threads need one controller (Pathways, or one process): in a
 multi-controller job every process must launch its device programs in the
@@ -118,8 +120,11 @@ class Rollouts:
       self._thread.start()
 
   def _generate(self, start: int, steps: int) -> None:
+    read_ahead = getattr(self._data, 'read_ahead', None)
     for index in range(start, steps):
       began = time.perf_counter()
+      if read_ahead:  # the step's prompts, while the weights are not here
+        read_ahead()
       with self._changed:
         self._changed.wait_for(
             lambda: self._closed or self._version >= index - self._k)
@@ -171,6 +176,43 @@ class Rollouts:
     if self._thread.is_alive():
       self._thread.join()
     self._scoring.shutdown(wait=True, cancel_futures=True)
+
+
+class Lookahead:
+  """A prompt iterator (`next`, `state`, `restore`) that the rollout
+  thread can read one batch ahead (`read_ahead`): a synchronous step's
+  rollout waits for the previous step's weights, and reading its prompts
+  during that wait takes the data read off the step's critical path.
+  `state()` stays where the batch read ahead begins until it is taken."""
+
+  def __init__(self, data: Any):
+    self._data, self._ahead = data, None  # (state before, batch or error)
+
+  def read_ahead(self) -> None:
+    if self._ahead is None:
+      before = self._data.state()
+      try:
+        self._ahead = before, next(self._data)
+      except BaseException as e:  # pylint: disable=broad-exception-caught
+        self._ahead = before, e  # raised where the batch is taken
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> Any:
+    if self._ahead is None:
+      return next(self._data)
+    (_, batch), self._ahead = self._ahead, None
+    if isinstance(batch, BaseException):
+      raise batch
+    return batch
+
+  def state(self) -> Any:
+    return self._data.state() if self._ahead is None else self._ahead[0]
+
+  def restore(self, state: Any) -> None:
+    self._ahead = None
+    self._data.restore(state)
 
 
 def _timed(score: Callable[[], phases.Rollout]) -> tuple[phases.Rollout,
