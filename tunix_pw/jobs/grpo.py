@@ -257,7 +257,8 @@ def build(config: Any, runtime: backend.Runtime,
       reward_model.scorer(config, meshes) if config.rl.reward_model
       else None,
       judge_lib.build(config, meshes, runtime) if config.rl.judge else None)
-  return Parts(data=data, reward_weights=reward_weights, scorers=scorers,
+  return Parts(data=asynchronous.Lookahead(data),
+               reward_weights=reward_weights, scorers=scorers,
                **common), heldout
 
 
@@ -304,9 +305,6 @@ def train(parts: Parts, heldout: dict[str, Any], workdir: str,
   steps (`step_fn`, as `step`: metrics, samples, evaluation (`evaluate_fn`,
   as `evaluate_sets`), checkpoints), the final evaluation; returns the
   final state."""
-  if parts.collect is None:  # (an agent draws its own prompts)
-    parts = dataclasses.replace(parts,
-                                data=asynchronous.Lookahead(parts.data))
   config, runtime, sampler = parts.config, parts.runtime, parts.sampler
   asynchronous.check_controllers(config, runtime.process_count)
   session = loop.Session(name, config, runtime, workdir, state, parts.data)
