@@ -15,8 +15,9 @@ benchmarks/tunix_grpo.py; each run in a fresh process. The two alternate
 for `--rounds` rounds; each
 round's figure is the median step past the first two (compilation), the
 whole step's wall time on both sides, with its phases. Then the same prompts
-through a standalone sampler of ours on the rollout mesh, against the
-rollout inside our loop. And the time from each side's process start to the
+through a standalone sampler of ours on the rollout mesh, in the same
+process, against the rollout inside our loop (the median of the rounds'
+ratios). And the time from each side's process start to the
 end of its first step (no compilation cache on either side). Needs
 google-tunix (the test extra); without it only ours runs. Prints one JSON
 line.
@@ -184,15 +185,22 @@ def workload(name: str, rounds: int) -> dict:
   phases = lambda rows: {k: round(statistics.median(r['phases_s'][k]
                                                     for r in rows), 4)
                          for k in rows[0]['phases_s']}
-  in_loop = median(runs['ours'], 'rollout_tokens_per_s')
-  alone = median(runs['ours'], 'standalone_tokens_per_s')
+  # Each round's in-loop rate over its own standalone one (same process,
+  # minutes apart), then their median: the machine's drift between rounds
+  # moves both sides of a round's ratio alike.
+  ratios = [r['rollout_tokens_per_s'] / r['standalone_tokens_per_s']
+            for r in runs['ours']]
   result = dict(workload=name, rounds=rounds,
                 step_s=median(runs['ours'], 'step_s'),
                 phases_s=phases(runs['ours']),
                 per_round_step_s=[round(r['step_s'], 4) for r in runs['ours']],
-                rollout_tokens_per_s_in_loop=in_loop,
-                standalone_sampler_tokens_per_s=alone,
-                in_loop_vs_standalone=round(in_loop / alone, 3),
+                rollout_tokens_per_s_in_loop=median(
+                    runs['ours'], 'rollout_tokens_per_s'),
+                standalone_sampler_tokens_per_s=median(
+                    runs['ours'], 'standalone_tokens_per_s'),
+                in_loop_vs_standalone=round(statistics.median(ratios), 3),
+                per_round_in_loop_vs_standalone=[round(r, 3)
+                                                 for r in ratios],
                 first_step_s=median(runs['ours'], 'first_step_s'))
   if missing:
     return dict(result, tunix=f'not installed ({missing})')

@@ -24,6 +24,14 @@ from tunix_pw.train.checkpoint import Checkpointer
 from tunix_pw.train.step import TrainState
 
 
+@jax.jit
+def _all_finite(tree: Any) -> jax.Array:
+  """Whether every element of `tree` is finite: one program (per-leaf eager
+  checks would compile and dispatch two small programs for each leaf)."""
+  return jnp.all(jnp.stack([jnp.isfinite(x).all()
+                            for x in jax.tree.leaves(tree)]))
+
+
 def resume(checkpointer: Checkpointer, state: Any, data: Any, name: str,
            announce: bool) -> tuple[Any, int]:
   """The latest checkpoint's state (and the data iterator moved to it), or
@@ -125,8 +133,7 @@ class Session:
     `data_state`, where a step began); never of non-finite parameters."""
     trained = jax.tree.leaves(self.state, is_leaf=lambda x: isinstance(
         x, TrainState))  # PPO's policy and critic, each on its mesh
-    if not all(fetch([jax.tree.reduce(jnp.logical_and, jax.tree.map(
-        lambda x: jnp.isfinite(x).all(), s.params)) for s in trained])):
+    if not all(fetch([_all_finite(s.params) for s in trained])):
       raise UsageError(f'the parameters at step {step} hold NaN or inf: not '
                        'checkpointing them (the last checkpoint is kept).')
     with self.goodput.lost('checkpoints'):
