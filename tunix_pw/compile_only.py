@@ -262,6 +262,44 @@ def _check_slice_0(meshes: meshes_lib.RoleMeshes) -> None:
           '--config.meshes.layout=collocated).')
 
 
+def _device_groups(meshes: Any, plan: Any, measured: list[Any],
+                   hbm: int) -> list[dict[str, Any]]:
+  """One row per group of devices holding the same roles: what stays
+  resident there, each phase's transient memory and the peak (resident plus
+  the largest phase); each printed as it is made."""
+  roles_of = {}
+  for role, mesh in meshes.by_role.items():
+    for d in mesh.devices.flat:
+      roles_of.setdefault(d.id, []).append(role)
+  groups = {}
+  for device_id, roles in roles_of.items():
+    groups.setdefault(tuple(roles), []).append(device_id)
+
+  rows = []
+  for roles, ids in groups.items():
+    resident = {item: size for role in roles
+                for item, size in plan.resident.get(role, {}).items()}
+    phases = [m for m in measured if m.phase.role in roles]
+    largest = max(phases, key=lambda m: m.transient, default=None)
+    peak = sum(resident.values()) + (largest.transient if largest else 0)
+    row = dict(devices=sorted(ids), roles=list(roles), resident=resident,
+               phases={m.phase.name: m.transient for m in phases},
+               largest_phase=largest.phase.name if largest else None,
+               peak=peak, hbm=hbm)
+    rows.append(row)
+    print(f'devices {_span(ids)}: {", ".join(roles)}\n'
+          '  resident  ' + (' + '.join(f'{k} {size(v)}'
+                                       for k, v in resident.items()) or '-') +
+          f' = {size(sum(resident.values()))}\n'
+          '  phases    ' + ' | '.join(
+              f'{m.phase.name} {size(m.transient)}' +
+              (f' ({m.note})' if m.note else '') for m in phases) + '\n'
+          f'  peak      {size(peak)} of {size(hbm)} HBM ({peak / hbm:.0%})' +
+          (f', largest phase: {largest.phase.name}' if largest else ''),
+          flush=True)
+  return rows
+
+
 def check(config: Any, job: Any, tpu_type: str, num_slices: int,
           workdir: str | None, backend_name: str = backend.PATHWAYS) -> None:
   """Compiles `job`'s programs for the slice as a job on `backend_name`
@@ -292,39 +330,8 @@ def check(config: Any, job: Any, tpu_type: str, num_slices: int,
     print(f'compiling {phase.name} on {phase.role} ...', flush=True)
     measured.append(_measure(phase))
 
-  roles_of = {}
-  for role, mesh in meshes.by_role.items():
-    for d in mesh.devices.flat:
-      roles_of.setdefault(d.id, []).append(role)
-  groups = {}
-  for device_id, roles in roles_of.items():
-    groups.setdefault(tuple(roles), []).append(device_id)
-
-  rows, worst = [], None
-  for roles, ids in groups.items():
-    resident = {item: size for role in roles
-                for item, size in plan.resident.get(role, {}).items()}
-    phases = [m for m in measured if m.phase.role in roles]
-    largest = max(phases, key=lambda m: m.transient, default=None)
-    peak = sum(resident.values()) + (largest.transient if largest else 0)
-    row = dict(devices=sorted(ids), roles=list(roles), resident=resident,
-               phases={m.phase.name: m.transient for m in phases},
-               largest_phase=largest.phase.name if largest else None,
-               peak=peak, hbm=hbm)
-    rows.append(row)
-    if worst is None or peak > worst['peak']:
-      worst = row
-    print(f'devices {_span(ids)}: {", ".join(roles)}\n'
-          '  resident  ' + (' + '.join(f'{k} {size(v)}'
-                                       for k, v in resident.items()) or '-') +
-          f' = {size(sum(resident.values()))}\n'
-          '  phases    ' + ' | '.join(
-              f'{m.phase.name} {size(m.transient)}' +
-              (f' ({m.note})' if m.note else '') for m in phases) + '\n'
-          f'  peak      {size(peak)} of {size(hbm)} HBM ({peak / hbm:.0%})' +
-          (f', largest phase: {largest.phase.name}' if largest else ''),
-          flush=True)
-
+  rows = _device_groups(meshes, plan, measured, hbm)
+  worst = max(rows, key=lambda row: row['peak'])
   seconds = sum(m.seconds for m in measured)
   fits = worst['peak'] <= hbm
   report = dict(job=config.job, model=config.model.preset,
