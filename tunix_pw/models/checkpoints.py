@@ -104,16 +104,31 @@ def load_into(directory: str, kind: str, model: nnx.Module, cfg: ModelConfig,
   return nnx.merge(graphdef, nnx.from_flat_state(placed))
 
 
+# A model up to this size is initialised on one device, then placed.
+ONE_DEVICE_INIT_BYTES = 1 << 30
+
+
 def init(cfg: ModelConfig, seed: int = 0, *, mesh: Mesh | None = None,
          rules: Any = None, **model_kwargs) -> decoder.Decoder:
-  """A randomly initialised model, created directly in its shardings."""
+  """A randomly initialised model in its shardings. Up to
+  ONE_DEVICE_INIT_BYTES of parameters on a mesh of this process, it is
+  created on the default device and then placed: its program is then the
+  same whatever the mesh, one entry of the compilation cache for every job
+  of the model (random values do not depend on where they are drawn).
+  Larger models are created directly in their shardings."""
   graphdef, state = nnx.split(decoder.abstract(cfg, **model_kwargs))
   out = None
   if mesh is not None:
     out = param_shardings(state, mesh, rules)
-  make = jax.jit(lambda: nnx.split(decoder.Decoder(
-      cfg, rngs=nnx.Rngs(seed), **model_kwargs))[1], out_shardings=out)
-  return nnx.merge(graphdef, make())
+  create = lambda: nnx.split(decoder.Decoder(
+      cfg, rngs=nnx.Rngs(seed), **model_kwargs))[1]
+  size = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
+  if out is None or mesh.is_multi_process or size > ONE_DEVICE_INIT_BYTES:
+    return nnx.merge(graphdef, jax.jit(create, out_shardings=out)())
+  # Through the host: a device-to-device placement compiles a program per
+  # array and sharding.
+  return nnx.merge(graphdef, jax.device_put(jax.device_get(
+      jax.jit(create)()), out))
 
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
