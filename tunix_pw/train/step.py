@@ -126,30 +126,12 @@ def make_step(graphdef: nnx.GraphDef, frozen: Any, loss_fn: LossFn,
     state = (params,) if frozen is None else (params, frozen)
     return loss_fn(nnx.merge(graphdef, *state), batch, rng)
 
-  grad_fn = jax.value_and_grad(compute, has_aux=True)
-
   def step(state: TrainState, batch: dict[str, jax.Array], frozen: Any):
     rng = jax.random.wrap_key_data(state.rng)
     rng, step_rng = jax.random.split(rng)
-    micro = micro_batches(batch, num_micro_batches)
-    keys = jax.random.split(step_rng, num_micro_batches)
-
-    def accumulate(carry, xs):
-      grads, loss, sums = carry
-      mb, key = xs
-      (mb_loss, mb_sums), mb_grads = grad_fn(state.params, frozen, mb, key)
-      return (jax.tree.map(jnp.add, grads, constrain(mb_grads)),
-              loss + mb_loss,
-              jax.tree.map(jnp.add, sums, mb_sums)), None
-
-    zero_grads = constrain(jax.tree.map(jnp.zeros_like, state.params))
-    first_sums = jax.eval_shape(compute, state.params, frozen,
-                                jax.tree.map(lambda x: x[0], micro),
-                                keys[0])[1]
-    zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                             first_sums)
-    (grads, loss, sums), _ = jax.lax.scan(
-        accumulate, (zero_grads, jnp.float32(0), zero_sums), (micro, keys))
+    grads, loss, sums = _summed_over_micro_batches(
+        compute, constrain, state.params, frozen, batch, step_rng,
+        num_micro_batches)
     weight = jnp.maximum(sums['weight'], 1.0)
     grads = jax.tree.map(lambda g: g / weight, grads)
     updates, opt_state = optimizer.update(grads, state.opt_state,
@@ -171,3 +153,28 @@ def make_step(graphdef: nnx.GraphDef, frozen: Any, loss_fn: LossFn,
     return new, metrics
 
   return functools.partial(jax.jit(step, donate_argnums=0), frozen=frozen)
+
+
+def _summed_over_micro_batches(compute, constrain, params, frozen, batch, rng,
+                               num_micro_batches: int):
+  """The gradients of `compute(params, frozen, batch, rng) -> (loss, sums)`
+  with its loss and sums, each summed over the micro batches of `batch` (one
+  scan step each); gradients kept in `constrain`'s shardings."""
+  grad_fn = jax.value_and_grad(compute, has_aux=True)
+  micro = micro_batches(batch, num_micro_batches)
+  keys = jax.random.split(rng, num_micro_batches)
+
+  def accumulate(carry, xs):
+    grads, loss, sums = carry
+    mb, key = xs
+    (mb_loss, mb_sums), mb_grads = grad_fn(params, frozen, mb, key)
+    return (jax.tree.map(jnp.add, grads, constrain(mb_grads)),
+            loss + mb_loss,
+            jax.tree.map(jnp.add, sums, mb_sums)), None
+
+  zero_grads = constrain(jax.tree.map(jnp.zeros_like, params))
+  first_sums = jax.eval_shape(compute, params, frozen,
+                              jax.tree.map(lambda x: x[0], micro), keys[0])[1]
+  zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), first_sums)
+  return jax.lax.scan(accumulate, (zero_grads, jnp.float32(0), zero_sums),
+                      (micro, keys))[0]
