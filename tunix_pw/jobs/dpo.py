@@ -230,6 +230,23 @@ def pairwise_accuracy(algorithm: str, policy_logps: Any, reference_logps: Any,
           'eval/pairs': total}
 
 
+def _reference(config: Any, policy: Any, meshes: meshes_lib.RoleMeshes,
+               runtime: backend.Runtime) -> tuple[Any, Any]:
+  """The reference model's log-probabilities of a host batch: of a train
+  batch's sides, and of an evaluation batch of pairs (the same for all but
+  KTO); (None, None) for ORPO, which has no reference."""
+  algorithm = config.dpo.algorithm
+  if algorithm == 'orpo':
+    return None, None
+  scorer = scoring.reference(config, policy, meshes, runtime)
+  train = make_logps(config, scorer.graphdef, scorer.mesh, sides(algorithm))
+  pairs = (make_logps(config, scorer.graphdef, scorer.mesh)
+           if algorithm == 'kto' else train)
+  place = lambda batch: pipeline.place(batch, scorer.mesh, config.sharding)
+  return (lambda batch: train(scorer.state, place(batch)),
+          lambda batch: pairs(scorer.state, place(batch)))
+
+
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
         workdir: str, preemption: Preemption) -> None:
   mesh, rules = meshes['actor'], config.sharding
@@ -238,16 +255,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   policy = plan(config, meshes, abstract=False)
   tokenizer = setup.tokenizer(config.model)
 
-  reference = reference_logps = None
-  if algorithm != 'orpo':
-    scorer = scoring.reference(config, policy, meshes, runtime)
-    reference = make_logps(config, scorer.graphdef, scorer.mesh,
-                           sides(algorithm))
-    pair_reference = (make_logps(config, scorer.graphdef, scorer.mesh)
-                      if kto else reference)
-    reference_logps = lambda batch: pair_reference(
-        scorer.state, pipeline.place(batch, scorer.mesh, rules))
-
+  reference, reference_logps = _reference(config, policy, meshes, runtime)
   spec = pipeline.DataSpec.from_block(config.data)
   sources, _ = pipeline.prepare(spec, runtime)
   heldout = heldout_pairs(config, spec.name, sources['test'], tokenizer,
@@ -274,8 +282,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
     host = session.batch()
     batch = pipeline.place(host, mesh, rules)
     if reference is not None:
-      for side, logps in zip(sides(algorithm), reference(
-          scorer.state, pipeline.place(host, scorer.mesh, rules))):
+      for side, logps in zip(sides(algorithm), reference(host)):
         batch[f'ref_{side}'] = logps
     session.state, step_metrics = policy.train_step(session.state, batch)
     done = index + 1
