@@ -40,13 +40,8 @@ def trained_sft(tmp_path_factory):
   workdir, record = root / 'trained_sft', root / 'trained_sft.json'
   with filelock.FileLock(str(root / 'trained_sft.lock')):
     if not record.exists():
-      result = helpers.run_main(
-          '--config=tunix_pw/configs/sft.py:runlocal',
-          '--config.runtime.host_device_count=1',
-          '--config.meshes.actor.axes=fsdp=1', '--config.steps=1000',
-          '--config.log_every=100', '--config.checkpoint.every=0',
-          '--config.eval_every=100', '--config.stop_at_accuracy=0.9',
-          f'--workdir={workdir}', timeout=600)
+      result = helpers.run_main(*helpers.TRAINED_SFT, f'--workdir={workdir}',
+                                timeout=600)
       record.write_text(json.dumps(dict(
           returncode=result.returncode, stdout=result.stdout,
           stderr=result.stderr)))

@@ -31,6 +31,15 @@ GRPO_COLLOCATED = ['--config.meshes.layout=collocated',
                    '--config.meshes.rollout.devices=all']
 
 
+# conftest's `trained_sft`: SFT on 2-digit additions on one device until an
+# evaluation (every 100 steps) finds it 90% right.
+TRAINED_SFT = ('--config=tunix_pw/configs/sft.py:runlocal',
+               '--config.runtime.host_device_count=1',
+               '--config.meshes.actor.axes=fsdp=1', '--config.steps=1000',
+               '--config.log_every=100', '--config.checkpoint.every=0',
+               '--config.eval_every=100', '--config.stop_at_accuracy=0.9')
+
+
 def env(**extra: str) -> dict[str, str]:
   """The test environment for a child process: CPU JAX, repo importable."""
   out = {k: v for k, v in os.environ.items()

@@ -4,6 +4,7 @@ moments: tests/test_faults.py and benchmarks/faults.py), torn
 checkpoints, preemption."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,6 +58,30 @@ def test_sft_learns_two_digit_addition(trained_sft):
   assert final['eval/accuracy'] >= 0.8, final
   assert 'reached --config.stop_at_accuracy=0.9: stopping' in result.stdout
   assert evals[-2]['eval/accuracy'] < 0.9  # stopped at the first one
+
+
+def test_the_same_run_again_ends_where_it_stopped(trained_sft, tmp_path):
+  """A run stopped at --config.stop_at_accuracy has ended: the same
+  command again resumes there, evaluates and stops, training nothing (it
+  had trained on to the next evaluation: the demo, run twice, reported an
+  SFT stage other than the one its GRPO stage started from)."""
+  result, workdir = trained_sft
+  assert result.returncode == 0, result.stderr[-3000:]
+  rerun = tmp_path / 'sft'
+  shutil.copytree(workdir, rerun)
+  evals = lambda: [m for m in metrics.read(str(rerun)) if 'eval/accuracy' in m]
+  before = evals()
+  result = helpers.run_main(*helpers.TRAINED_SFT, f'--workdir={rerun}',
+                            timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'reached --config.stop_at_accuracy=0.9: stopping' in result.stdout
+  after, stopped = evals(), before[-1]['step']
+  assert len(after) == len(before) + 1  # one evaluation, where it stopped
+  assert after[-1]['step'] == stopped
+  assert after[-1]['eval/accuracy'] == before[-1]['eval/accuracy']
+  assert max(m['step'] for m in metrics.read(str(rerun))) == stopped
+  assert [d for d in os.listdir(rerun / 'checkpoints') if d.isdigit()] == [
+      str(stopped)]
 
 
 def final_state(workdir, step):

@@ -161,8 +161,11 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
     return bool(config.eval_every and done % config.eval_every == 0 and
                 reached(config, evaluate_now(done), runtime))
 
-  last = loop.run_steps(session, preemption, step, ('loss', 'accuracy'),
-                        stop_after)
+  if session.start and config.stop_at_accuracy and stop_after(session.start):
+    last = session.start  # it stopped there: the same run again ends there
+  else:
+    last = loop.run_steps(session, preemption, step, ('loss', 'accuracy'),
+                          stop_after)
   session.save(last)
   result = evaluate_now(last) if config.eval_examples else {}
   session.close()
