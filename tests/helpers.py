@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -14,6 +16,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+
+from tests import forkserver
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # libtpu describes TPU topologies on a CPU host (the test extra installs it;
@@ -50,10 +54,14 @@ def env(**extra: str) -> dict[str, str]:
   return out
 
 
+FORK_SERVER = forkserver.ForkServer(ROOT, env)
+
+
 # main, SIGKILLed (no cleanup) right after the end-of-step duties of step
 # $KILL_AT_STEP, once that step's checkpoint is written.
 KILLED_AT_STEP = """
-import os, runpy, signal, sys
+import os, signal, sys
+from tunix_pw import main
 from tunix_pw.train import loop
 
 end_of_step = loop.end_of_step
@@ -66,19 +74,32 @@ def end_of_step_then_kill(done, every, save, checkpointer, preemption):
 
 loop.end_of_step = end_of_step_then_kill
 sys.argv = ['main'] + sys.argv[1:]
-runpy.run_module('tunix_pw.main', run_name='__main__')
+main.run()
 """
+
+
+# What a process reads as it imports tunix_pw.main: a run whose environment
+# differs from the fork server's here starts a new interpreter.
+READ_AT_IMPORT = re.compile(r'PYTHON|LD_|JAX_|XLA_|TF_|TPU_|LIBTPU|TUNIX_PW_')
 
 
 def run_main(*args: str, timeout: float = 300, kill_at_step: int = 0,
              **extra_env: str) -> subprocess.CompletedProcess:
-  """main in a fresh process; with `kill_at_step`, SIGKILLed after it."""
-  command = ['-m', 'tunix_pw.main']
+  """main in a fresh process (forked from the fork server where the
+  environment allows); with `kill_at_step`, SIGKILLed after it."""
+  code = ''
   if kill_at_step:
-    command = ['-c', KILLED_AT_STEP]
+    code = KILLED_AT_STEP
     extra_env['KILL_AT_STEP'] = str(kill_at_step)
+  run_env = env(**extra_env)
+  if all(run_env.get(k) == FORK_SERVER.env.get(k)
+         for k in run_env.keys() | FORK_SERVER.env.keys()
+         if READ_AT_IMPORT.match(k)):
+    with tempfile.TemporaryDirectory() as tmpdir:
+      return FORK_SERVER.run(list(args), run_env, tmpdir, timeout, code)
+  command = ['-c', code] if code else ['-m', 'tunix_pw.main']
   return subprocess.run([sys.executable, *command, *args], cwd=ROOT,
-                        env=env(**extra_env), capture_output=True, text=True,
+                        env=run_env, capture_output=True, text=True,
                         timeout=timeout)
 
 
