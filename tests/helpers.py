@@ -64,15 +64,15 @@ import os, signal, sys
 from tunix_pw import main
 from tunix_pw.train import loop
 
-end_of_step = loop.end_of_step
+end_of_step = loop.Session.end_of_step
 
-def end_of_step_then_kill(done, every, save, checkpointer, preemption):
-  end_of_step(done, every, save, checkpointer, preemption)
+def end_of_step_then_kill(session, done, *args, **kwargs):
+  end_of_step(session, done, *args, **kwargs)
   if done == int(os.environ['KILL_AT_STEP']):
-    checkpointer.wait()
+    session.wait()
     os.kill(os.getpid(), signal.SIGKILL)
 
-loop.end_of_step = end_of_step_then_kill
+loop.Session.end_of_step = end_of_step_then_kill
 sys.argv = ['main'] + sys.argv[1:]
 main.run()
 """

@@ -23,93 +23,18 @@ from flax import nnx
 import jax
 import numpy as np
 
-from tunix_pw import checks, compile_only, console
-from tunix_pw.errors import UsageError
-from tunix_pw.models import checkpoints
-from tunix_pw.rl import phases
+from tunix_pw import compile_only, console
+from tunix_pw.rl import config_checks, phases
 from tunix_pw.rl import asynchronous, batch as batch_lib, judge as judge_lib
 from tunix_pw.rl import plan as plan_lib, prompts as prompts_lib
-from tunix_pw.rl import registry, reward_model
+from tunix_pw.rl import reward_model
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.sampling.sampler import Sampler, make_sampler
-from tunix_pw.train import evaluate, loop, optim, program, scoring, setup
+from tunix_pw.train import evaluate, loop, program, scoring, setup
 
 
-def validate(config: Any) -> None:
-  checks.at_least_one(config, '--config', 'steps', 'log_every',
-                      'eval_batch_size', 'samples_per_log')
-  checks.at_least_one(config.rl, '--config.rl', 'num_generations',
-                      'prompts_per_step', 'mini_batch_size',
-                      'micro_batch_size', 'logps_micro_batch_size',
-                      'num_iterations', 'max_prompt_length', 'max_new_tokens')
-  checkpoints.check_model_block(config.model)
-  prompts_lib.check(config)
-  if config.eval_k < 0 or config.eval_k == 1:
-    raise UsageError(f'--config.eval_k={config.eval_k} must be 0 (greedy '
-                     'only) or at least 2 samples per problem.')
-  optim.check(config.optimizer)
-  setup.check_lora_block(config.lora)
-  rl = config.rl
-  if rl.tis_cap < 0 or rl.mis_threshold < 0:
-    raise UsageError(f'--config.rl.tis_cap={rl.tis_cap} and mis_threshold='
-                     f'{rl.mis_threshold} must be positive (or 0: off).')
-  if rl.tis_cap and rl.mis_threshold:
-    raise UsageError('--config.rl.tis_cap and mis_threshold are two ways to '
-                     'weight the same tokens: set one of them.')
-  asynchronous.check(config)
-  kinds = [('policy_loss', rl.policy_loss), ('aggregation', rl.aggregation),
-           ('kl', rl.kl)]
-  if rl.advantage not in phases.PER_TOKEN:
-    kinds.append(('advantage', rl.advantage))
-  elif rl.advantage == phases.GAE and config.job != 'ppo':
-    raise UsageError('--config.rl.advantage=gae needs a critic: train with '
-                     'tunix_pw/configs/ppo.py.')
-  elif rl.advantage == phases.DISTILL:
-    check_teacher(config)
-  for kind, name in kinds:
-    registry.check(kind, name, f'--config.rl.{kind}')
-  samples = rl.prompts_per_step * rl.num_generations
-  if rl.dynamic_sampling and rl.num_generations < 2:
-    raise UsageError('--config.rl.dynamic_sampling drops groups of equal '
-                     'rewards; it needs --config.rl.num_generations >= 2.')
-  if rl.num_generations < (1 if rl.advantage in phases.PER_TOKEN else 2):
-    raise UsageError('--config.rl.num_generations must be at least 2 (a '
-                     'group needs others to compare with).')
-  if samples % rl.mini_batch_size or rl.mini_batch_size % rl.micro_batch_size:
-    raise UsageError(
-        f'--config.rl.mini_batch_size={rl.mini_batch_size} must divide the '
-        f'{samples} samples of a step (prompts_per_step x num_generations) '
-        f'and be divided by --config.rl.micro_batch_size='
-        f'{rl.micro_batch_size}.')
-  if samples % rl.logps_micro_batch_size:
-    raise UsageError(f'--config.rl.logps_micro_batch_size='
-                     f'{rl.logps_micro_batch_size} must divide the {samples} '
-                     'samples of a step.')
-  for role in ('actor', 'rollout'):
-    if role not in config.meshes:
-      raise UsageError(f'--config.meshes needs an {role} role.')
-  meshes_lib.check_batch(rl.micro_batch_size, config.meshes, 'actor',
-                         config.sharding.batch, '--config.rl.micro_batch_size')
-  meshes_lib.check_batch(samples, config.meshes, 'rollout',
-                         config.sharding.batch,
-                         'prompts_per_step x num_generations')
-
-
-def check_teacher(config: Any) -> None:
-  """On-policy distillation's teacher and its `distill` settings."""
-  if 'teacher' not in config:
-    raise UsageError('--config.rl.advantage=on_policy_distill needs a '
-                     'teacher: use tunix_pw/configs/grpo.py:<preset>,'
-                     'distill and name it in --config.teacher.')
-  checkpoints.check_model_block(config.teacher, '--config.teacher')
-  setup.check_same_tokenizer(config.model, config.teacher)
-  if 'distill' in config:
-    d = config.distill
-    setup.check_logit_distillation(d)
-    if d.token_weight < 0 or d.weight + d.token_weight == 0:
-      raise UsageError('--config.distill.weight and token_weight must be '
-                       'at least 0, and not both 0.')
+validate = config_checks.validate  # the job's static checks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,17 +235,10 @@ def train(parts: Parts, heldout: dict[str, Any], workdir: str,
   session = loop.Session(name, config, runtime, workdir, state, parts.data)
   if session.start:
     sampler.update_weights(session.state.params, version=session.start)
-  writer = session.writer
   rollouts = asynchronous.Rollouts(
       functools.partial(rollout_stages, parts), parts.data, session.start,
       config.steps, config.rl.max_staleness,
       threaded=runtime.process_count == 1)
-
-  def stop_mid_step(index: int, data_state: dict[str, Any]) -> None:
-    """A stop inside a step keeps the state before it with the data where
-    the step began: the resumed run redoes the step as it would have run."""
-    session.save(index, data_state)
-    session.wait()
 
   @functools.cache  # the last step may be an eval_every step too
   def evaluate_now(done: int) -> dict[str, float]:
@@ -338,26 +256,19 @@ def train(parts: Parts, heldout: dict[str, Any], workdir: str,
         done, began = index + 1, time.perf_counter()
         session.profiler.before(done)
         ready = rollouts.get(index)
+        # A stop inside a step keeps the state before it with the data where
+        # the step began: the resumed run redoes the step as it would have.
+        stop = functools.partial(session.save_and_wait, index,
+                                 ready.data_before)
         session.state, values = step_fn(
             parts, session.state, index, ready.result,
-            phases.Timer(rollout=ready.seconds), preemption,
-            functools.partial(stop_mid_step, index, ready.data_before))
+            phases.Timer(rollout=ready.seconds), preemption, stop)
         rollouts.published(done)
         data_state = ready.data_after
         values.update(ready.metrics(index),
                       **{'time/step': time.perf_counter() - began})
-        synced = sampler.last_sync  # none while PPO's critic warms up
-        if synced and not announced and runtime.is_coordinator:
-          announced = True
-          print(f'{name}: weight sync by {synced.path}, '
-                f'{synced.bytes / 2**20:.1f} MiB in {synced.groups} groups',
-                flush=True)
-        loop.check_finite(values, config.optimizer.max_nonfinite_steps, done)
-        if done % config.log_every == 0 or done == config.steps:
-          writer.write(done, values)
-        if config.sample_every and done % config.sample_every == 0:
-          writer.samples(done, phases.samples(ready.result, parts.tokenizer,
-                                              config.samples_per_log))
+        announced = announced or announce_sync(name, parts)
+        report(parts, session.writer, done, values, ready.result)
         bar.update(loss=values['loss'], reward=values['reward_mean'])
         if config.eval_every and done % config.eval_every == 0:
           evaluate_now(done)
@@ -371,6 +282,29 @@ def train(parts: Parts, heldout: dict[str, Any], workdir: str,
   if runtime.is_coordinator and result:
     print(evaluate.summary(name, result))
   return session.state
+
+
+def announce_sync(name: str, parts: Parts) -> bool:
+  """Says how the first weight sync went (PPO's critic warm-up has none);
+  whether there was one to announce."""
+  synced = parts.sampler.last_sync
+  if synced and parts.runtime.is_coordinator:
+    print(f'{name}: weight sync by {synced.path}, '
+          f'{synced.bytes / 2**20:.1f} MiB in {synced.groups} groups',
+          flush=True)
+  return bool(synced)
+
+
+def report(parts: Parts, writer: Any, done: int, values: dict[str, float],
+           result: phases.Rollout) -> None:
+  """A finished step's metrics (after the non-finite check) and samples."""
+  config = parts.config
+  loop.check_finite(values, config.optimizer.max_nonfinite_steps, done)
+  if done % config.log_every == 0 or done == config.steps:
+    writer.write(done, values)
+  if config.sample_every and done % config.sample_every == 0:
+    writer.samples(done, phases.samples(result, parts.tokenizer,
+                                        config.samples_per_log))
 
 
 def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):

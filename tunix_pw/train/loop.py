@@ -92,20 +92,6 @@ def check_finite(values: dict[str, float], limit: int, step: int) -> None:
         '--config.optimizer.max_nonfinite_steps.')
 
 
-def end_of_step(done: int, every: int, save: Callable[[int], None],
-                checkpointer: Any, preemption: Preemption) -> None:
-  """Checkpoint every `every` steps; the preemption check (a checkpoint,
-  then exit 42)."""
-  if every and done % every == 0:
-    save(done)
-
-  def save_and_wait():
-    save(done)
-    checkpointer.wait()
-
-  preemption.check(save_and_wait)
-
-
 class Session:
   """What every training loop keeps around its steps: the checkpointer (the
   state resumed from it at `start`), the metrics writer, saves with the
@@ -141,6 +127,11 @@ class Session:
                              if data_state is None else data_state)
     self.last = step
 
+  def save_and_wait(self, step: int, data_state: Any = None) -> None:
+    """`save`, then until it is written: what a stop keeps."""
+    self.save(step, data_state)
+    self.wait()
+
   def batch(self) -> Any:
     """The next batch of the data, its wait counted."""
     with self.goodput.lost('data'):
@@ -164,9 +155,10 @@ class Session:
     self.profiler.after(done, self.state)
     self.goodput.stepped()
     self.last = done
-    end_of_step(done, self.config.checkpoint.every,
-                lambda step: self.save(step, data_state), self,
-                preemption)
+    every = self.config.checkpoint.every
+    if every and done % every == 0:
+      self.save(done, data_state)
+    preemption.check(lambda: self.save_and_wait(done, data_state))
 
   def close(self) -> None:
     """Waits for the last checkpoint; writes and prints the goodput."""

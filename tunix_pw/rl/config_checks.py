@@ -1,0 +1,89 @@
+"""The GRPO family's static config checks (no devices): the jobs that run
+its loop (grpo, ppo, agentic) validate their configs with these first."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tunix_pw import checks
+from tunix_pw.errors import UsageError
+from tunix_pw.models import checkpoints
+from tunix_pw.rl import asynchronous, phases, prompts as prompts_lib, registry
+from tunix_pw.runtime import meshes as meshes_lib
+from tunix_pw.train import optim, setup
+
+
+def validate(config: Any) -> None:
+  checks.at_least_one(config, '--config', 'steps', 'log_every',
+                      'eval_batch_size', 'samples_per_log')
+  checks.at_least_one(config.rl, '--config.rl', 'num_generations',
+                      'prompts_per_step', 'mini_batch_size',
+                      'micro_batch_size', 'logps_micro_batch_size',
+                      'num_iterations', 'max_prompt_length', 'max_new_tokens')
+  checkpoints.check_model_block(config.model)
+  prompts_lib.check(config)
+  if config.eval_k < 0 or config.eval_k == 1:
+    raise UsageError(f'--config.eval_k={config.eval_k} must be 0 (greedy '
+                     'only) or at least 2 samples per problem.')
+  optim.check(config.optimizer)
+  setup.check_lora_block(config.lora)
+  rl = config.rl
+  if rl.tis_cap < 0 or rl.mis_threshold < 0:
+    raise UsageError(f'--config.rl.tis_cap={rl.tis_cap} and mis_threshold='
+                     f'{rl.mis_threshold} must be positive (or 0: off).')
+  if rl.tis_cap and rl.mis_threshold:
+    raise UsageError('--config.rl.tis_cap and mis_threshold are two ways to '
+                     'weight the same tokens: set one of them.')
+  asynchronous.check(config)
+  kinds = [('policy_loss', rl.policy_loss), ('aggregation', rl.aggregation),
+           ('kl', rl.kl)]
+  if rl.advantage not in phases.PER_TOKEN:
+    kinds.append(('advantage', rl.advantage))
+  elif rl.advantage == phases.GAE and config.job != 'ppo':
+    raise UsageError('--config.rl.advantage=gae needs a critic: train with '
+                     'tunix_pw/configs/ppo.py.')
+  elif rl.advantage == phases.DISTILL:
+    check_teacher(config)
+  for kind, name in kinds:
+    registry.check(kind, name, f'--config.rl.{kind}')
+  samples = rl.prompts_per_step * rl.num_generations
+  if rl.dynamic_sampling and rl.num_generations < 2:
+    raise UsageError('--config.rl.dynamic_sampling drops groups of equal '
+                     'rewards; it needs --config.rl.num_generations >= 2.')
+  if rl.num_generations < (1 if rl.advantage in phases.PER_TOKEN else 2):
+    raise UsageError('--config.rl.num_generations must be at least 2 (a '
+                     'group needs others to compare with).')
+  if samples % rl.mini_batch_size or rl.mini_batch_size % rl.micro_batch_size:
+    raise UsageError(
+        f'--config.rl.mini_batch_size={rl.mini_batch_size} must divide the '
+        f'{samples} samples of a step (prompts_per_step x num_generations) '
+        f'and be divided by --config.rl.micro_batch_size='
+        f'{rl.micro_batch_size}.')
+  if samples % rl.logps_micro_batch_size:
+    raise UsageError(f'--config.rl.logps_micro_batch_size='
+                     f'{rl.logps_micro_batch_size} must divide the {samples} '
+                     'samples of a step.')
+  for role in ('actor', 'rollout'):
+    if role not in config.meshes:
+      raise UsageError(f'--config.meshes needs an {role} role.')
+  meshes_lib.check_batch(rl.micro_batch_size, config.meshes, 'actor',
+                         config.sharding.batch, '--config.rl.micro_batch_size')
+  meshes_lib.check_batch(samples, config.meshes, 'rollout',
+                         config.sharding.batch,
+                         'prompts_per_step x num_generations')
+
+
+def check_teacher(config: Any) -> None:
+  """On-policy distillation's teacher and its `distill` settings."""
+  if 'teacher' not in config:
+    raise UsageError('--config.rl.advantage=on_policy_distill needs a '
+                     'teacher: use tunix_pw/configs/grpo.py:<preset>,'
+                     'distill and name it in --config.teacher.')
+  checkpoints.check_model_block(config.teacher, '--config.teacher')
+  setup.check_same_tokenizer(config.model, config.teacher)
+  if 'distill' in config:
+    d = config.distill
+    setup.check_logit_distillation(d)
+    if d.token_weight < 0 or d.weight + d.token_weight == 0:
+      raise UsageError('--config.distill.weight and token_weight must be '
+                       'at least 0, and not both 0.')
