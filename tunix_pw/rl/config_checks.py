@@ -14,6 +14,8 @@ from tunix_pw.train import optim, setup
 
 
 def validate(config: Any) -> None:
+  """A GRPO-family config, before any device work: sizes, the RL block's
+  named losses and advantages, batch divisibility and the role meshes."""
   checks.at_least_one(config, '--config', 'steps', 'log_every',
                       'eval_batch_size', 'samples_per_log')
   checks.at_least_one(config.rl, '--config.rl', 'num_generations',
