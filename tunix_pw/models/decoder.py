@@ -40,11 +40,12 @@ REMAT_POLICIES = {
 
 @flax.struct.dataclass
 class Cache:
-  """Keys/values per group and pattern position ([repeats, B, K, S, H]), and
-  per slot the token position and segment (0: empty or padding)."""
+  """Keys/values per group and pattern position ([repeats, B, K, S, H], or
+  after `per_layer` a tuple of each repeat's), and per slot the token
+  position and segment (0: empty or padding)."""
 
-  k: tuple[tuple[jax.Array, ...], ...]
-  v: tuple[tuple[jax.Array, ...], ...]
+  k: tuple[tuple[Any, ...], ...]
+  v: tuple[tuple[Any, ...], ...]
   positions: jax.Array  # [B, S]
   segments: jax.Array  # [B, S]
 
@@ -62,6 +63,19 @@ class Cache:
   @property
   def size(self) -> int:
     return self.positions.shape[1]
+
+  def per_layer(self) -> 'Cache':
+    """Each layer's keys and values in buffers of their own, for a decode
+    loop over `Decoder.split_layers`: each layer then attends to its
+    buffers in place, where XLA:CPU copies a layer's slice of the stacked
+    ones out at every decode step. A single KV head's buffers drop that
+    axis ([B, S, H]): XLA's dots read them so, and a write into a buffer
+    read through that reshape costs two copies of it per step."""
+    def split(stacks):
+      return tuple(tuple(tuple(x[:, 0] if x.shape[1] == 1 else x
+                               for x in stack) for stack in group)
+                   for group in stacks)
+    return self.replace(k=split(self.k), v=split(self.v))
 
   def repeat(self, n: int) -> 'Cache':
     """Each row `n` times in a row (one prefill for n generations)."""
@@ -88,7 +102,6 @@ class Layer(nnx.Module):
   def __init__(self, cfg: ModelConfig, layer_type: str, *, stack: int,
                dtype, rngs: nnx.Rngs):
     self.layer_type = layer_type
-    self.rope = cfg.rope(layer_type)
     d = cfg.embed_dim
     norm = lambda: layers.RMSNorm(d, cfg, stack=stack, dtype=dtype, rngs=rngs)
     self.pre_attn_norm = norm()
@@ -100,22 +113,32 @@ class Layer(nnx.Module):
       self.post_attn_norm = norm()
       self.post_mlp_norm = norm()
 
-  def __call__(self, x, positions, masks, cache, index, slot,
+  def __call__(self, x, rotations, masks, cache, index, slot,
                shard: Sharder, collect: bool = False):
     """`cache`: this pattern position's stacked (keys, values), each
     [repeats, B, K, S, H], or None; this layer's keys and values are written
     at [index, ..., slot] in place and the queries attend to its slice.
-    Returns (x, cache, and with `collect` (x, attention probabilities))."""
+    With `index` None, `cache` is this layer's own buffers
+    (Cache.per_layer). Returns (x, cache, and with `collect` (x, attention
+    probabilities))."""
     h = self.pre_attn_norm(x)
-    k, v = self.attn.project_kv(h, positions, self.rope)
-    if cache is not None:
+    rotation = rotations[self.layer_type]
+    k, v = self.attn.project_kv(h, rotation)
+    if cache is not None and index is None:
+      cache = tuple(
+          jax.lax.dynamic_update_slice(
+              own, new.reshape(own.shape[:-2] + new.shape[-2:]).astype(
+                  own.dtype), (0,) * (own.ndim - 2) + (slot, 0))
+          for own, new in zip(cache, (k, v)))
+      k, v = (own.reshape(k.shape[:2] + own.shape[-2:]) for own in cache)
+    elif cache is not None:
       cache = tuple(
           jax.lax.dynamic_update_slice(
               stack, new[None].astype(stack.dtype), (index, 0, 0, slot, 0))
           for stack, new in zip(cache, (k, v)))
       k, v = (jax.lax.dynamic_index_in_dim(stack, index, keepdims=False)
               for stack in cache)
-    a = self.attn(h, positions, self.rope, masks[self.layer_type], (k, v),
+    a = self.attn(h, rotation, masks[self.layer_type], (k, v),
                   with_probs=collect)
     a, probs = a if collect else (a, None)
     if self.post_norms:
@@ -155,16 +178,17 @@ class Decoder(nnx.Module):
                segment_ids: jax.Array, cache: Cache | None = None,
                cache_slot: jax.Array | int = 0,
                shard: Sharder = Sharder(), last_only: bool = False,
-               layers: Layers | None = None
+               layers: Layers | None = None, rotations: Any = None
                ) -> tuple[jax.Array, Cache | None]:
     """tokens, positions, segment_ids: [B, T] (segment 0 = padding).
 
     Returns float32 logits [B, T, V] ([B, 1, V] for the last position only
     with `last_only`: a prefill needs no others) and the updated cache (or
     None). With `layers` (`split_layers`), the layers run one after another
-    from those parameters."""
+    from those parameters; `rotations`: `self.rotations(positions)`,
+    computed ahead."""
     x, cache = self.hidden(tokens, positions, segment_ids, cache, cache_slot,
-                           shard, layers)
+                           shard, layers, rotations)
     if last_only:
       x = x[:, -1:]
     return self.logits(x, shard), cache
@@ -189,14 +213,23 @@ class Decoder(nnx.Module):
   def hidden(self, tokens: jax.Array, positions: jax.Array,
              segment_ids: jax.Array, cache: Cache | None = None,
              cache_slot: jax.Array | int = 0,
-             shard: Sharder = Sharder(), layers: Layers | None = None
-             ) -> tuple[jax.Array, Cache | None]:
+             shard: Sharder = Sharder(), layers: Layers | None = None,
+             rotations: Any = None) -> tuple[jax.Array, Cache | None]:
     """The final-normed hidden states [B, T, D] (what the LM head and a
     value head read) and the updated cache (or None)."""
     x, cache, _ = self._forward(tokens, positions, segment_ids, cache,
                                 cache_slot, shard, collect=False,
-                                layers=layers)
+                                layers=layers, rotations=rotations)
     return x, cache
+
+  def rotations(self, positions: jax.Array) -> dict[str, Any]:
+    """RoPE's (sin, cos) per layer type at positions [B, T]. A decode
+    loop computes every step's before the loop: XLA computes them inside
+    each rotation it fuses, for every head (4% of a small model's decode
+    step)."""
+    cfg = self.cfg
+    return {t: layers.rotation(positions, cfg.rope(t), cfg.head_dim)
+            for t in set(cfg.layer_types)}
 
   def split_layers(self) -> Layers:
     """Each group's parameters one repeat at a time, for `layers`: a
@@ -217,7 +250,8 @@ class Decoder(nnx.Module):
     return self.logits(x, shard), outputs, probs
 
   def _forward(self, tokens, positions, segment_ids, cache, cache_slot,
-               shard, collect: bool, layers: Layers | None = None):
+               shard, collect: bool, layers: Layers | None = None,
+               rotations: Any = None):
     cfg = self.cfg
     b, t = tokens.shape
     x = jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)
@@ -239,11 +273,13 @@ class Decoder(nnx.Module):
       masks = attention_masks(cfg, positions, segment_ids, q_slots,
                               cache.positions, cache.segments, kv_slots)
 
+    if rotations is None:
+      rotations = self.rotations(positions)
     new_kv, collected = [], []
     for g, group in enumerate(self.groups):
       group_cache = None if cache is None else (cache.k[g], cache.v[g])
       (x, kv), per_layer = self._run_group(
-          group, x, positions, masks, group_cache, cache_slot, shard,
+          group, x, rotations, masks, group_cache, cache_slot, shard,
           collect, None if layers is None else layers[g])
       new_kv.append(kv)
       collected.append(per_layer)
@@ -254,7 +290,7 @@ class Decoder(nnx.Module):
       collected = tuple(jnp.concatenate(parts) for parts in zip(*collected))
     return self.final_norm(x), cache, collected if collect else None
 
-  def _run_group(self, group, x, positions, masks, group_cache, slot, shard,
+  def _run_group(self, group, x, rotations, masks, group_cache, slot, shard,
                  collect: bool = False, repeats=None):
     """Runs a group's repeats (from `repeats`, the parameters of each,
     when given); its cache ((keys, values) per pattern position) is
@@ -270,7 +306,7 @@ class Decoder(nnx.Module):
       layer_state = jax.tree.map(lambda p: p.astype(dtype), layer_state)
       out, per_layer = [], []
       for i, layer in enumerate(nnx.merge(graphdef, layer_state)):
-        x, kv, seen = layer(x, positions, masks,
+        x, kv, seen = layer(x, rotations, masks,
                             None if cache is None else (cache[0][i],
                                                         cache[1][i]),
                             index, slot, shard, collect)
@@ -290,13 +326,28 @@ class Decoder(nnx.Module):
           jax.tree.leaves(state)[0].shape[0])))
     else:
       steps = []
+      per_layer = group_cache is not None and isinstance(group_cache[0][0],
+                                                         tuple)
       for r, layer_state in enumerate(repeats or _per_repeat(state)):
-        carry, y = body(carry, (layer_state, r))
+        if per_layer:  # this repeat's own buffers (Cache.per_layer)
+          x, cache = carry
+          (x, own), y = body((x, _at(cache, r)), (layer_state, None))
+          carry = x, tuple(tuple(parts[:r] + (mine,) + parts[r + 1:]
+                                 for parts, mine in zip(side, own_side))
+                           for side, own_side in zip(cache, own))
+        else:
+          carry, y = body(carry, (layer_state, r))
         steps.append(y)
       ys = jax.tree.map(lambda *v: jnp.stack(v), *steps) if collect else None
     if collect:  # [repeats, pattern, ...] -> [repeats x pattern, ...]
       ys = tuple(y.reshape((-1,) + y.shape[2:]) for y in ys)
     return carry, ys
+
+
+def _at(cache: Any, r: int) -> Any:
+  """Repeat `r`'s (keys, values) per pattern position, of a group's cache
+  in per-layer buffers."""
+  return tuple(tuple(parts[r] for parts in side) for side in cache)
 
 
 def _per_repeat(state: nnx.State) -> tuple[nnx.State, ...]:

@@ -73,12 +73,19 @@ def inverse_frequencies(rope: Rope, head_dim: int) -> jax.Array:
   return inv
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, rope: Rope) -> jax.Array:
-  """Rotates [B, T, N, H] by positions [B, T] (half-split convention)."""
-  head_dim = x.shape[-1]
+def rotation(positions: jax.Array, rope: Rope,
+             head_dim: int) -> tuple[jax.Array, jax.Array]:
+  """RoPE's (sin, cos) [B, T, 1, H/2] at positions [B, T]."""
   angles = positions[..., None].astype(jnp.float32) * inverse_frequencies(
       rope, head_dim)  # [B, T, H/2]
-  sin, cos = jnp.sin(angles)[:, :, None], jnp.cos(angles)[:, :, None]
+  return jnp.sin(angles)[:, :, None], jnp.cos(angles)[:, :, None]
+
+
+def apply_rope(x: jax.Array, sin_cos: tuple[jax.Array, jax.Array]
+               ) -> jax.Array:
+  """Rotates [B, T, N, H] by `rotation`'s angles (half-split
+  convention)."""
+  sin, cos = sin_cos
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x.dtype)
@@ -103,8 +110,9 @@ class Attention(nnx.Module):
       self.q_norm = RMSNorm(h, cfg, stack=stack, dtype=dtype, rngs=rngs)
       self.k_norm = RMSNorm(h, cfg, stack=stack, dtype=dtype, rngs=rngs)
 
-  def project_kv(self, x: jax.Array, positions: jax.Array, rope: Rope):
-    """Keys and values [B, K, T, H] for x [B, T, D]."""
+  def project_kv(self, x: jax.Array, sin_cos: tuple[jax.Array, jax.Array]):
+    """Keys and values [B, K, T, H] for x [B, T, D], the keys rotated by
+    `rotation`'s (sin, cos)."""
     cfg = self.cfg
     b, t, d = x.shape
     x2 = x.reshape(b * t, d)  # 2-D matmuls: XLA's fastest path
@@ -113,14 +121,15 @@ class Attention(nnx.Module):
     v = (x2 @ weight(self, 'v').reshape(d, -1)).reshape(kv_shape)
     if cfg.qk_norm:
       k = self.k_norm(k)
-    k = apply_rope(k, positions, rope)
+    k = apply_rope(k, sin_cos)
     return k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
-  def __call__(self, x: jax.Array, positions: jax.Array, rope: Rope,
+  def __call__(self, x: jax.Array, sin_cos: tuple[jax.Array, jax.Array],
                mask: jax.Array, kv: tuple[jax.Array, jax.Array],
                with_probs: bool = False):
-    """x [B, T, D]; kv: keys/values [B, K, S, H] (this step's, or the cache
-    after this step's write); mask [B, T, S] (True = attend). Returns the
+    """x [B, T, D]; sin_cos: `rotation`'s at x's positions; kv:
+    keys/values [B, K, S, H] (this step's, or the cache after this step's
+    write); mask [B, T, S] (True = attend). Returns the
     output [B, T, D], and with `with_probs` the attention probabilities
     [B, heads, T, S] too."""
     cfg = self.cfg
@@ -132,7 +141,7 @@ class Attention(nnx.Module):
         b, t, n, h)
     if cfg.qk_norm:
       q = self.q_norm(q)
-    q = apply_rope(q, positions, rope) * (cfg.query_scale or h) ** -0.5
+    q = apply_rope(q, sin_cos) * (cfg.query_scale or h) ** -0.5
     # Queries of a KV head side by side: [B, K, G*T, H], one batched matmul.
     q = q.reshape(b, t, k, g, h).transpose(0, 2, 3, 1, 4).reshape(b, k, g * t, h)
     logits = jnp.einsum('BKQH,BKSH->BKQS', q, keys,

@@ -228,8 +228,8 @@ class Sampler:
 
     def kv_on_mesh(cache):
       return cache.replace(
-          k=jax.tree.map(lambda a: shard(a, *_KV_AXES), cache.k),
-          v=jax.tree.map(lambda a: shard(a, *_KV_AXES), cache.v))
+          k=jax.tree.map(lambda a: shard(a, *_kv_axes(a)), cache.k),
+          v=jax.tree.map(lambda a: shard(a, *_kv_axes(a)), cache.v))
 
     cache = kv_on_mesh(Cache.empty(self.cfg, prompts, cache_size,
                                    self.cache_dtype))
@@ -239,6 +239,8 @@ class Sampler:
       cache = kv_on_mesh(cache.repeat(generations))
       logits, positions = (jnp.repeat(x, generations, axis=0)
                            for x in (logits, positions))
+    if self.split_layers:  # the decode loop's layers read theirs in place
+      cache = kv_on_mesh(cache.per_layer())
     # Every step's random numbers at once: one per row and step, drawn
     # outside the loop (a few KB; the loop then runs no generator).
     uniforms = jax.random.uniform(key, (budget, batch))
@@ -258,6 +260,9 @@ class Sampler:
     shard = Sharder(self.mesh, self.rules)
     next_position, uniforms = state[7], state[8]
     prompt_len = cache_size - uniforms.shape[0]
+    # Every step's RoPE angles at once, before the loop (as its uniforms).
+    rotations = model.rotations(next_position[:, None] +
+                                jnp.arange(uniforms.shape[0]))
     pick = functools.partial(decoding.sample, temperature=temperature,
                              top_p=top_p, top_k=top_k, use_top_p=use_top_p,
                              greedy=greedy)
@@ -280,7 +285,10 @@ class Sampler:
       done = done | jnp.isin(token, stops) | (step + 1 >= max_new)
       logits, cache = model(token[:, None], (next_position + step)[:, None],
                             live.astype(jnp.int32)[:, None], cache,
-                            prompt_len + step, shard=shard, layers=layers)
+                            prompt_len + step, shard=shard, layers=layers,
+                            rotations=jax.tree.map(
+                                lambda a: jax.lax.dynamic_slice_in_dim(
+                                    a, step, 1, axis=1), rotations))
       return (step + 1, cache, logits[:, 0], out_tokens, out_logprobs,
               lengths, done) + state[7:]
 
@@ -304,6 +312,12 @@ class Sampler:
     out_tokens, out_logprobs, lengths = state[3], state[4], state[5]
     mask = jnp.arange(out_tokens.shape[1])[None] < lengths[:, None]
     return out_tokens, out_logprobs, mask, lengths
+
+
+def _kv_axes(kv: jax.Array) -> tuple[str | None, ...]:
+  """A cache buffer's logical axes: stacked [repeats, B, K, S, H], or one
+  layer's (Cache.per_layer) [B, K, S, H] or, for one KV head, [B, S, H]."""
+  return ('batch', None, None) if kv.ndim == 3 else _KV_AXES[-kv.ndim:]
 
 
 def _split_layers(model: Decoder, mesh: Mesh | None) -> bool:
