@@ -122,8 +122,8 @@ def test_the_compiled_loop_copies_no_cache_and_sorts_nothing(
   as outputs copied every layer's cache each step; on CPU a layer's slice
   of the stacked cache was copied out for its attention, 7% of a small
   model's step, and a single KV head's buffers read through a reshape were
-  copied twice). On CPU each layer has buffers of its own; elsewhere
-  (`per_layer` False) the stacked ones. Top-p finds its threshold without
+  copied twice). On CPU each layer has buffers of its own (keys
+  transposed); elsewhere (`per_layer` False) the stacked ones. Top-p finds its threshold without
   sorting the vocabulary, and RoPE's angles are computed before the loop
   (XLA computed them inside every rotation, for each head: 4%)."""
   hf_models.make(family, str(tmp_path))
@@ -136,18 +136,24 @@ def test_the_compiled_loop_copies_no_cache_and_sorts_nothing(
   config = SamplingConfig(max_new_tokens=16, temperature=1.0, top_p=0.9)
   hlo = sampler.lower(3, 16, config).compile().as_text()
   cache = Cache.empty(model.cfg, 3, 32)
-  buffer = (cache.per_layer() if per_layer else cache).k[0][0]
-  shape = f'f32[{",".join(map(str, jax.tree.leaves(buffer)[0].shape))}]'
-  loops = hlo[:hlo.index('\nENTRY')]  # every computation but the entry
-  assert shape in loops  # the cache is there, by this name
-  assert not re.search(rf'= {re.escape(shape)}{{[0-9,]*}} copy\(', loops)
+  name = lambda x: f'f32[{",".join(map(str, x.shape))}]'
   if per_layer:  # the decode step makes its buffers by their writes alone
-    made = [line for line in decode_body(hlo, shape).split('\n')
-            if re.search(rf'= {re.escape(shape)}{{', line)
-            and 'get-tuple-element(' not in line]
-    assert len(made) == 2 * model.cfg.num_layers  # keys and values
-    assert all('op_name="jit(_program)/while/body/dynamic_update_slice"'
-               in line for line in made)
+    keys, values = cache.per_layer().k, cache.per_layer().v
+    assert keys[0][0][0].shape[-2:] == (model.cfg.head_dim, 32)  # [.., H, S]
+    buffers = [name(x) for x in jax.tree.leaves((keys, values))]
+    assert len(buffers) == 2 * model.cfg.num_layers
+    for shape in set(buffers):
+      made = [line for line in decode_body(hlo, shape).split('\n')
+              if re.search(rf'= {re.escape(shape)}{{', line)
+              and 'get-tuple-element(' not in line]
+      assert len(made) == buffers.count(shape)
+      assert all('op_name="jit(_program)/while/body/dynamic_update_slice"'
+                 in line for line in made)
+  else:
+    shape = name(cache.k[0][0])
+    loops = hlo[:hlo.index('\nENTRY')]  # every computation but the entry
+    assert shape in loops  # the cache is there, by this name
+    assert not re.search(rf'= {re.escape(shape)}{{[0-9,]*}} copy\(', loops)
   assert ' sort(' not in hlo
   assert not re.search(r'op_name="[^"]*while/body[^"]*/(sin|cos)"', hlo)
   assert re.search(r'op_name="jit\(_program\)/(sin|cos)"', hlo)

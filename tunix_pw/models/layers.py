@@ -126,17 +126,18 @@ class Attention(nnx.Module):
 
   def __call__(self, x: jax.Array, sin_cos: tuple[jax.Array, jax.Array],
                mask: jax.Array, kv: tuple[jax.Array, jax.Array],
-               with_probs: bool = False):
+               with_probs: bool = False, keys_hs: bool = False):
     """x [B, T, D]; sin_cos: `rotation`'s at x's positions; kv:
     keys/values [B, K, S, H] (this step's, or the cache after this step's
-    write); mask [B, T, S] (True = attend). Returns the
+    write; keys [B, K, H, S] with `keys_hs`); mask [B, T, S] (True =
+    attend). Returns the
     output [B, T, D], and with `with_probs` the attention probabilities
     [B, heads, T, S] too."""
     cfg = self.cfg
     b, t, d = x.shape
     keys, values = kv
     k, n, h = cfg.num_kv_heads, cfg.num_heads, cfg.head_dim
-    g, s = n // k, keys.shape[2]
+    g, s = n // k, keys.shape[3 if keys_hs else 2]
     q = (x.reshape(b * t, d) @ weight(self, 'q').reshape(d, -1)).reshape(
         b, t, n, h)
     if cfg.qk_norm:
@@ -144,8 +145,8 @@ class Attention(nnx.Module):
     q = apply_rope(q, sin_cos) * (cfg.query_scale or h) ** -0.5
     # Queries of a KV head side by side: [B, K, G*T, H], one batched matmul.
     q = q.reshape(b, t, k, g, h).transpose(0, 2, 3, 1, 4).reshape(b, k, g * t, h)
-    logits = jnp.einsum('BKQH,BKSH->BKQS', q, keys,
-                        preferred_element_type=jnp.float32)
+    logits = jnp.einsum('BKQH,BKHS->BKQS' if keys_hs else 'BKQH,BKSH->BKQS',
+                        q, keys, preferred_element_type=jnp.float32)
     if cfg.attn_softcap:
       logits = jnp.tanh(logits / cfg.attn_softcap) * cfg.attn_softcap
     logits = jnp.where(mask[:, None, None], logits.reshape(b, k, g, t, s),
