@@ -123,9 +123,10 @@ def test_the_compiled_loop_copies_no_cache_and_sorts_nothing(
   of the stacked cache was copied out for its attention, 7% of a small
   model's step, and a single KV head's buffers read through a reshape were
   copied twice). On CPU each layer has buffers of its own (keys
-  transposed); elsewhere (`per_layer` False) the stacked ones. Top-p finds its threshold without
-  sorting the vocabulary, and RoPE's angles are computed before the loop
-  (XLA computed them inside every rotation, for each head: 4%)."""
+  transposed); elsewhere (`per_layer` False) the stacked ones. Top-p finds
+  its threshold without sorting the vocabulary, and RoPE's angles are
+  computed before the loop (XLA computed them inside every rotation, for
+  each head: 4%)."""
   hf_models.make(family, str(tmp_path))
   model = checkpoints.load(str(tmp_path))[0]
   mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ('fsdp', 'tp'))
@@ -138,7 +139,8 @@ def test_the_compiled_loop_copies_no_cache_and_sorts_nothing(
   cache = Cache.empty(model.cfg, 3, 32)
   name = lambda x: f'f32[{",".join(map(str, x.shape))}]'
   if per_layer:  # the decode step makes its buffers by their writes alone
-    keys, values = cache.per_layer().k, cache.per_layer().v
+    split = cache.per_layer()
+    keys, values = split.k, split.v
     assert keys[0][0][0].shape[-2:] == (model.cfg.head_dim, 32)  # [.., H, S]
     buffers = [name(x) for x in jax.tree.leaves((keys, values))]
     assert len(buffers) == 2 * model.cfg.num_layers

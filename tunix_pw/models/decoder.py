@@ -122,13 +122,13 @@ class Layer(nnx.Module):
     [repeats, B, K, S, H], or None; this layer's keys and values are written
     at [index, ..., slot] in place and the queries attend to its slice.
     With `index` None, `cache` is this layer's own buffers
-    (Cache.per_layer: keys [B, K, H, S]). Returns (x, cache, and with `collect` (x, attention
-    probabilities))."""
+    (Cache.per_layer: keys [B, K, H, S]). Returns (x, cache, and with
+    `collect` (x, attention probabilities))."""
     h = self.pre_attn_norm(x)
     rotation = rotations[self.layer_type]
     k, v = self.attn.project_kv(h, rotation)
-    keys_hs = cache is not None and index is None  # own buffers
-    if keys_hs:
+    own_buffers = cache is not None and index is None
+    if own_buffers:
       cache = tuple(
           jax.lax.dynamic_update_slice(
               own, new.reshape(own.shape[:-2] + new.shape[-2:]).astype(
@@ -144,7 +144,7 @@ class Layer(nnx.Module):
       k, v = (jax.lax.dynamic_index_in_dim(stack, index, keepdims=False)
               for stack in cache)
     a = self.attn(h, rotation, masks[self.layer_type], (k, v),
-                  with_probs=collect, keys_hs=keys_hs)
+                  with_probs=collect, keys_hs=own_buffers)
     a, probs = a if collect else (a, None)
     if self.post_norms:
       a = self.post_attn_norm(a)

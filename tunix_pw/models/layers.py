@@ -130,9 +130,8 @@ class Attention(nnx.Module):
     """x [B, T, D]; sin_cos: `rotation`'s at x's positions; kv:
     keys/values [B, K, S, H] (this step's, or the cache after this step's
     write; keys [B, K, H, S] with `keys_hs`); mask [B, T, S] (True =
-    attend). Returns the
-    output [B, T, D], and with `with_probs` the attention probabilities
-    [B, heads, T, S] too."""
+    attend). Returns the output [B, T, D], and with `with_probs` the
+    attention probabilities [B, heads, T, S] too."""
     cfg = self.cfg
     b, t, d = x.shape
     keys, values = kv

@@ -316,7 +316,7 @@ class Sampler:
 
 def _kv_axes(kv: jax.Array) -> tuple[str | None, ...]:
   """A cache buffer's logical axes: stacked [repeats, B, K, S, H], or one
-  layer's (Cache.per_layer) [B, K, S, H] or, for one KV head, [B, S, H]."""
+  layer's (Cache.per_layer) [B, K, ., .] or, for one KV head, [B, ., .]."""
   return ('batch', None, None) if kv.ndim == 3 else _KV_AXES[-kv.ndim:]
 
 
