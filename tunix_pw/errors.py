@@ -1,5 +1,6 @@
-"""The one exception type that maps to exit code 2, and how a full disk
-is recognised (exit code 1, `main`)."""
+"""The exception types `main` prints as one sentence (bad input: exit
+code 2; failed infrastructure: exit code 1), and how a full disk is
+recognised (exit code 1)."""
 
 import errno
 import os
@@ -11,6 +12,12 @@ class UsageError(Exception):
   The message is one sentence naming the field (or file) and the fix; `main`
   prints it without a traceback and exits with code 2.
   """
+
+
+class InfrastructureError(Exception):
+  """The machinery under the job failed (not the config, not the model):
+  e.g. too many code sandboxes could not start in a step. `main` prints
+  the one-sentence message without a traceback and exits with code 1."""
 
 
 OUT_OF_SPACE = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))

@@ -36,7 +36,7 @@ from ml_collections import config_flags
 
 from tunix_pw import checks, compile_only, jobs
 from tunix_pw import workdir as workdir_lib
-from tunix_pw.errors import UsageError, disk_full
+from tunix_pw.errors import InfrastructureError, UsageError, disk_full
 from tunix_pw.runtime import backend, elastic, meshes
 from tunix_pw.runtime.preemption import EXIT_PREEMPTED, Preempted, Preemption
 from tunix_pw.runtime.preemption import watch_sigterm
@@ -72,12 +72,12 @@ _CHECK_ONLY = flags.DEFINE_bool(
     'devices) and exit 0 or 2; nothing is written, no job runs.')
 
 EXIT_USAGE = 2
-EXIT_DISK_FULL = 1
+EXIT_DISK_FULL = EXIT_INFRASTRUCTURE = 1
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, code: int = EXIT_USAGE) -> None:
   print(f'error: {message}', file=sys.stderr, flush=True)
-  sys.exit(EXIT_USAGE)
+  sys.exit(code)
 
 
 def _config_arg(argv: Sequence[str]) -> str:
@@ -274,6 +274,8 @@ def main(argv: Sequence[str]) -> None:
         else None, str(workdir), preemption))
   except UsageError as e:
     _fail(str(e))
+  except InfrastructureError as e:
+    _fail(str(e), EXIT_INFRASTRUCTURE)
   except Preempted as e:
     logging.warning('%s; exiting with %d so that the job is restarted', e,
                     EXIT_PREEMPTED)

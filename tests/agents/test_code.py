@@ -2,14 +2,18 @@
 code that cheats passes nothing; self-correction shows the failing test."""
 
 import asyncio
+from collections import Counter
 import concurrent.futures
 import json
 import shutil
 
 import pytest
 
+from tunix_pw import sandbox
 from tunix_pw.agents import envs, episodes
 from tunix_pw.configs import agentic
+from tunix_pw.errors import InfrastructureError
+from tunix_pw.jobs import agentic as agentic_job
 from tunix_pw.models import tokenizers
 
 pytestmark = pytest.mark.skipif(
@@ -85,3 +89,21 @@ def test_self_correction_shows_the_failing_test(pool):
   assert episode.reward == 0.5 and episode.info['corrected'] == 1
   assert 'user: Failed: f(0) should be 1, got 0\n' in tok.decode(
       episode.transcript.tokens)
+
+
+def test_a_sandbox_that_cannot_start_weighs_its_group_zero(pool):
+  """One process allowed: bwrap cannot fork, so no test runs at all. The
+  step counts it, the group's weight is 0, and past the configured share
+  the step stops with one sentence."""
+  env = envs.CodeEnv(pool, sandbox.Limits(processes=1))
+  env.reset(EXAMPLE)
+  step = asyncio.run(env.step(EXAMPLE['answer']))
+  assert step.info['sandbox_failures'] == 3 and step.reward == 0
+  made = lambda failures: episodes.Episode(
+      {}, env, None, info=Counter(sandbox_failures=failures))
+  found = [made(0), made(0), made(0), made(step.info['sandbox_failures']),
+           made(0), made(0), made(0), made(0)]
+  assert agentic_job.group_weights(found, 2, 0.25) == [1.0, 0.0, 1.0, 1.0]
+  with pytest.raises(InfrastructureError, match='failed to start in 1 of '
+                     "this step's 4 groups"):
+    agentic_job.group_weights(found, 2, 0.2)

@@ -23,6 +23,7 @@ import re
 import secrets
 from typing import Any, Protocol
 
+from absl import logging
 import numpy as np
 
 from tunix_pw import sandbox
@@ -203,7 +204,9 @@ class CodeEnv:
   its own: the code, then the call's repr printed after a random marker
   the code never sees; a test passes when the marked line is the expected
   text (compared here, outside: code that exits early or prints a verdict
-  passes nothing). Reward: the fraction passed."""
+  passes nothing). Reward: the fraction passed. A sandbox that could not
+  start is counted (`sandbox_failures`): its episode's group gets weight 0
+  (jobs/agentic.py)."""
 
   executor: concurrent.futures.Executor
   limits: sandbox.Limits
@@ -221,6 +224,9 @@ class CodeEnv:
         self.executor, sandbox.run_python,
         f'{code}\nprint({marker!r} + repr({t["call"]}))', '', self.limits)
                                   for t in self.tests))
+    if failed := [r for r in runs if not r.started]:
+      logging.warning('%d sandbox runs did not start: %s', len(failed),
+                      failed[0].stderr.strip()[-300:])
     got = [next((line[len(marker):] for line in r.stdout.splitlines()
                  if line.startswith(marker)), None) for r in runs]
     passed = [g == t['expected'] for g, t in zip(got, self.tests)]
@@ -234,7 +240,8 @@ class CodeEnv:
         break
     return Step(None, sum(passed) / len(passed), True, dict(
         answers=1, tests=len(passed), tests_passed=sum(passed),
-        sandbox_limits=sum(r.killed for r in runs)), feedback)
+        sandbox_limits=sum(r.killed for r in runs),
+        sandbox_failures=sum(not r.started for r in runs)), feedback)
 
 
 def code(agent: Any, tokenizer: Any,
@@ -261,6 +268,10 @@ def check(agent: Any) -> None:
   tools_lib.get(agent.tools)
   if agent.env == 'code':
     sandbox.check_available()
+  if not 0 <= agent.max_sandbox_failures <= 1:
+    raise UsageError('--config.agent.max_sandbox_failures='
+                     f'{agent.max_sandbox_failures} must be from 0 to 1 (the '
+                     'share of a step\'s groups).')
   if agent.attempts < 1 or agent.attempts > agent.max_turns:
     raise UsageError(f'--config.agent.attempts={agent.attempts} must be '
                      f'from 1 to --config.agent.max_turns={agent.max_turns}.')

@@ -41,6 +41,10 @@ def agent_block(call_format: str) -> ml_collections.ConfigDict:
       failure_reward=0.0,  # out of time, turns or context; unfinished turn
       malformed_reward=0.0,  # a turn's reward for a call that does not parse
       lockstep=False,  # every turn waits for all tools (a baseline)
+      # A group with an episode whose code sandbox could not start (the
+      # infrastructure, not the model) gets weight 0; a step with more
+      # than this share of its groups so stops the job (exit code 1).
+      max_sandbox_failures=0.25,
       # Self-correction: answers per episode; after a wrong one the model
       # reads `feedback` (its {feedback}: the verifier's word, e.g. 'too
       # high') and tries again; a right later answer earns corrected_reward

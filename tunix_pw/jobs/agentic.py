@@ -22,7 +22,7 @@ import numpy as np
 
 from tunix_pw.agents import envs as envs_lib, episodes as episodes_lib
 from tunix_pw.data import builders, pipeline
-from tunix_pw.errors import UsageError
+from tunix_pw.errors import InfrastructureError, UsageError
 from tunix_pw.jobs import grpo
 from tunix_pw.rl import phases
 from tunix_pw.runtime import backend, meshes as meshes_lib
@@ -114,7 +114,8 @@ class Agent:
         [e for e in batch for _ in range(g)], seed * 1_000_003 + index,
         self.config.agent.lockstep, [s for s in starts for _ in range(g)])
     groups = episodes_lib.to_groups(found, g)
-    return phases.Rollout(groups, [1.0] * len(groups), dict(
+    return phases.Rollout(groups, group_weights(
+        found, g, self.config.agent.max_sandbox_failures), dict(
         metrics(found, counts), dropped=0, padded=0, rounds=0,
         reward_errors=0, generated=sum(sum(e.transcript.mask)
                                        for e in found)))
@@ -123,6 +124,23 @@ class Agent:
                heldout: list[dict[str, Any]]) -> dict[str, float]:
     del parts
     return evaluate_episodes(self.eval, heldout, self.config.seed)
+
+
+def group_weights(episodes: list[episodes_lib.Episode], size: int,
+                  max_failed: float) -> list[float]:
+  """1 per group of `size` episodes; 0 where an episode's code sandbox could
+  not start (its reward says nothing of the model). InfrastructureError
+  when more than `max_failed` of the groups are so."""
+  weights = [0.0 if any(e.info['sandbox_failures']
+                        for e in episodes[i:i + size]) else 1.0
+             for i in range(0, len(episodes), size)]
+  failed = weights.count(0.0)
+  if failed > max_failed * len(weights):
+    raise InfrastructureError(
+        f'the code sandbox failed to start in {failed} of this step\'s '
+        f'{len(weights)} groups, more than --config.agent.'
+        f'max_sandbox_failures={max_failed} allows; see the log for why.')
+  return weights
 
 
 def metrics(episodes: list[episodes_lib.Episode],
