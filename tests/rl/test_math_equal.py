@@ -1,6 +1,10 @@
 """The math_equal reward: final answers equal by value, not by spelling
 (and not equal when they differ), each check within a time limit."""
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -90,3 +94,71 @@ def test_a_slow_check_times_out_and_is_counted_by_the_reward(monkeypatch):
        rewards.Sample('q', '\\boxed{2}', '2', 5, 10, False)],
       [('math_equal', 1.0)], strict=False)
   assert errors == 1 and list(scores) == [0.0, 1.0]
+
+
+def payloads(target):
+  """Answers that try to run code: each would create `target` (or read
+  the host) if any part of the check evaluated it."""
+  t = repr(str(target))
+  touch = repr(f'touch {target}')
+  return [
+      f"Symbol.__new__.__globals__['__builtins__']['open']({t},'w')",
+      f"__import__('os').system({touch})",
+      f"__import__(chr(111)+chr(115)).system({touch})",
+      f"getattr(__import__('o'+'s'),'sys'+'tem')({touch})",
+      f"(lambda: open({t},'w'))()",
+      f"exec(\"open({t},'w')\")",
+      f"eval(\"open({t},'w')\")",
+      f"open({t},'w').write('x')",
+      f"__builtins__.open({t},'w')",
+      f"getattr(__builtins__,'open')({t},'w')",
+      f"globals()['__builtins__']['open']({t},'w')",
+      f"[c for c in ().__class__.__base__.__subclasses__() if c.__name__=="
+      f"'Popen'][0](['touch',{t}])",
+      f"__import__('subprocess').run(['touch',{t}])",
+      f"__import__('shutil').copy('/etc/hostname',{t})",
+      f"compile(\"open({t},'w')\",'a','exec')",
+      f"sympify(\"open({t},'w')\")",
+      f"parse_expr(\"open({t},'w')\")",
+      f"Integer.__init_subclass__.__globals__['__builtins__']['exec']("
+      f"\"open({t},'w')\")",
+      f"\\frac{{__import__('os').system({touch})}}{{2}}",
+      f"x.__class__.__mro__[-1].__subclasses__()[0]({t})",
+      f"exec(bytes([111,112,101,110]).decode()+\"({t},'w')\")",
+      f"$\\boxed{{open({t},'w')}}$",
+      f"2 + __import__('os').system({touch})",
+      f"(x:=__import__('os')).system({touch})",
+  ]
+
+
+def test_answers_that_try_to_run_code_run_nothing(tmp_path):
+  """Through the registered reward in a fresh process, as RL scores them:
+  none is equal and none leaves a file behind."""
+  target = tmp_path / 'pwned'
+  answers = payloads(target)
+  assert len(answers) >= 21
+  script = (
+      'import json, sys\n'
+      'from tunix_pw.rl import rewards\n'
+      'scores = [rewards.math_equal(rewards.Sample("q", f"\\\\boxed{{{a}}}" '
+      'if i % 2 else a, "3", 5, 10, False)) for i, a in '
+      'enumerate(json.load(sys.stdin))]\n'
+      'print(json.dumps(scores))\n')
+  done = subprocess.run([sys.executable, '-c', script], cwd=tmp_path,
+                        input=json.dumps(answers), capture_output=True,
+                        text=True, timeout=120, check=True)
+  assert json.loads(done.stdout.splitlines()[-1]) == [0.0] * len(answers)
+  assert not target.exists() and os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize('text', [
+    'a' + ' ' * 64000 + 'x', ' ' * 65536, '\t\n ' * 20000,
+    '(' * 64000, '{' * 32000 + '}' * 32000, '\\boxed{' * 9000,
+    '\\frac{' * 9000, '-' * 64000, '1,' * 30000 + '1', '9' * 64000,
+    'answer is ' * 6000, '\\sqrt' * 12000, '^' * 64000])
+def test_long_or_nested_answers_are_scored_within_the_limit(text):
+  assert math_equal.equal('x+1', '1+x')  # the helper started, untimed
+  start = time.monotonic()
+  assert not math_equal.equal(text, '3')
+  assert math_equal.final_answer(text) is not None
+  assert time.monotonic() - start < math_equal.TIME_LIMIT_S

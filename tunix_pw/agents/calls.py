@@ -15,7 +15,10 @@ the messages that carry tools and results back.
           holding a ```tool_output fence (Gemma's turns have no tool role).
 
 A turn with no call is the model's answer. A call that does not parse is
-`Malformed`: the environment shows the model the error. Tools reach the
+`Malformed`: the environment shows the model the error. Parsing is bounded
+for any text: calls are found by a linear scan, a call's body over
+`MAX_CALL_CHARS` is malformed, and nesting too deep for the parser (JSON's
+recursion, `ast`'s) is malformed too; `parse` raises nothing else. Tools reach the
 model through the chat template's `tools` variable where the template
 reads one (Llama 3.1, Qwen 3 and Gemma 3 checkpoints' templates); otherwise
 (the character tokenizer, SentencePiece Gemma, templates without tools) as
@@ -29,14 +32,14 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
-import re
 from typing import Any
 
 from tunix_pw.agents.tools import Tool
 
 FORMATS = ('qwen', 'llama', 'gemma')
-_QWEN = re.compile(r'<tool_call>(.*?)</tool_call>', re.DOTALL)
-_GEMMA = re.compile(r'```tool_code\n(.*?)\n?```', re.DOTALL)
+MAX_CALL_CHARS = 16384
+# What the parsers raise on deep nesting or odd bytes, besides their errors.
+_PARSER_LIMITS = (RecursionError, MemoryError, ValueError, SyntaxError)
 _RESULT_ROLE = {'qwen': 'tool', 'llama': 'ipython', 'gemma': 'user'}
 EXAMPLE = {'qwen': '<tool_call>{"name": NAME, "arguments": {...}}'
                    '</tool_call>',
@@ -55,18 +58,39 @@ class Malformed(ValueError):
   why, for the model to read)."""
 
 
+def _bounded(body: str) -> str:
+  if len(body) > MAX_CALL_CHARS:
+    raise Malformed(f'the call is over {MAX_CALL_CHARS} characters')
+  return body
+
+
+def _between(text: str, opening: str, closing: str) -> tuple[list[str], bool]:
+  """The bodies of `opening`...`closing` pairs in `text`, and whether an
+  opening is left unclosed (a linear scan: a lazy regex over many
+  unclosed openings takes quadratic time)."""
+  bodies, at = [], 0
+  while (start := text.find(opening, at)) >= 0:
+    end = text.find(closing, start + len(opening))
+    if end < 0:
+      return bodies, True
+    bodies.append(text[start + len(opening):end])
+    at = end + len(closing)
+  return bodies, False
+
+
 def _json_call(body: str, arguments_key: str) -> Call:
   try:
-    value = json.loads(body)
-  except ValueError as e:
-    raise Malformed(f'the call is not valid JSON ({e})') from None
+    value = json.loads(_bounded(body))
+  except _PARSER_LIMITS as e:
+    raise Malformed(f'the call is not valid JSON ({type(e).__name__}: '
+                    f'{str(e)[:100]})') from None
   if not isinstance(value, dict) or not isinstance(value.get('name'), str):
     raise Malformed('a call is a JSON object with a "name" string')
   arguments = value.get(arguments_key, value.get('arguments', {}))
   if isinstance(arguments, str):  # some models write them as a JSON string
     try:
       arguments = json.loads(arguments)
-    except ValueError:
+    except _PARSER_LIMITS:
       raise Malformed(f'"{arguments_key}" is not a JSON object') from None
   if not isinstance(arguments, dict):
     raise Malformed(f'"{arguments_key}" is not a JSON object')
@@ -74,10 +98,11 @@ def _json_call(body: str, arguments_key: str) -> Call:
 
 
 def _python_call(body: str) -> Call:
-  try:
-    node = ast.parse(body.strip(), mode='eval').body
-  except SyntaxError as e:
-    raise Malformed(f'the call is not Python syntax ({e.msg})') from None
+  try:  # parsed to a tree, never compiled to code or run
+    node = ast.parse(_bounded(body).strip(), mode='eval').body
+  except _PARSER_LIMITS as e:
+    raise Malformed('the call is not Python syntax '
+                    f'({getattr(e, "msg", type(e).__name__)})') from None
   if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
     raise Malformed('write one call: name(argument=value, ...)')
   if node.args or any(k.arg is None for k in node.keywords):
@@ -85,7 +110,7 @@ def _python_call(body: str) -> Call:
   try:
     return Call(node.func.id, {k.arg: ast.literal_eval(k.value)
                                for k in node.keywords})
-  except ValueError:
+  except _PARSER_LIMITS + (TypeError,):
     raise Malformed('argument values must be literals (numbers, strings, '
                     'lists)') from None
 
@@ -94,18 +119,18 @@ def parse(fmt: str, text: str) -> list[Call]:
   """The calls of a model turn ([] for an answer); Malformed when the turn
   attempts a call that does not parse."""
   if fmt == 'qwen':
-    calls = [_json_call(body, 'arguments') for body in _QWEN.findall(text)]
-    if not calls and '<tool_call>' in text:
+    bodies, unclosed = _between(text, '<tool_call>', '</tool_call>')
+    if not bodies and unclosed:
       raise Malformed('a <tool_call> is not closed by </tool_call>')
-    return calls
+    return [_json_call(body, 'arguments') for body in bodies]
   if fmt == 'llama':
     body = text.strip().removeprefix('<|python_tag|>').strip()
     return [_json_call(body, 'parameters')] if body.startswith('{') else []
   if fmt == 'gemma':
-    calls = [_python_call(body) for body in _GEMMA.findall(text)]
-    if not calls and '```tool_code' in text:
+    bodies, _ = _between(text, '```tool_code\n', '```')
+    if not bodies and '```tool_code' in text:
       raise Malformed('a ```tool_code fence is not closed by ```')
-    return calls
+    return [_python_call(body.removesuffix('\n')) for body in bodies]
   raise ValueError(f'unknown call format {fmt!r}')
 
 
