@@ -21,6 +21,7 @@ from tunix_pw.configs import common
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints, presets
 from tunix_pw.models.decoder import Cache
+from tunix_pw.rl import loss
 from tunix_pw.sampling import rules
 from tunix_pw.sampling.rollout import SamplingConfig
 from tunix_pw.sampling.sampler import Sampler
@@ -30,11 +31,17 @@ PROMPTS = [[5, 17, 33, 2, 40, 41, 7], [9, 10], [60, 61, 62, 63, 64, 65, 66,
 
 
 @pytest.fixture(scope='module')
-def model(tmp_path_factory):
-  """A tiny Gemma 2 with random weights large enough to vary its output."""
+def models(tmp_path_factory):
+  """A tiny Gemma 2 with random weights large enough to vary its output:
+  ours, and transformers' that wrote it."""
   directory = tmp_path_factory.mktemp('gemma2')
-  hf_models.make('gemma2', str(directory))
-  return checkpoints.load(str(directory))[0]
+  torch_model = hf_models.make('gemma2', str(directory))
+  return checkpoints.load(str(directory))[0], torch_model
+
+
+@pytest.fixture(scope='module')
+def model(models):
+  return models[0]
 
 
 @jax.jit
@@ -64,18 +71,33 @@ def test_greedy_equals_stepwise_argmax_of_the_full_forward(model):
   assert len(set(np.asarray(out.tokens).ravel().tolist())) > 3  # not trivial
 
 
-def test_logprobs_are_the_models_log_softmax_at_sampled_tokens(model):
+@pytest.mark.parametrize('temperature, top_p', [(0.5, 1.0), (0.8, 0.9),
+                                                  (1.0, 1.0)])
+def test_logprobs_are_the_policy_at_the_temperature(models, temperature,
+                                                     top_p):
+  """The recorded log-probability of each sampled token is that of
+  softmax(logits / T) (before top-p): transformers' logits over T within
+  1e-4, and the trainer's log-probabilities of the same sequences (the
+  old policy's, rl/loss.py) within 1e-5."""
+  model, torch_model = models
   sampler = Sampler(model, pad_id=0, eos_ids=())
   out = sampler.generate(PROMPTS, SamplingConfig(
-      max_new_tokens=8, temperature=0.8, top_p=0.9, seed=7))
+      max_new_tokens=8, temperature=temperature, top_p=top_p, seed=7))
   for row, prompt in enumerate(PROMPTS):
     generated = np.asarray(out.tokens[row]).tolist()
-    logits = full_logits(model, prompt + generated)
-    logp = jax.nn.log_softmax(logits[len(prompt) - 1:-1], axis=-1)
+    sequence = np.array([prompt + generated])
+    theirs = hf_models.logits(torch_model, sequence, np.ones_like(sequence),
+                              np.arange(sequence.shape[1])[None])[0]
+    logp = jax.nn.log_softmax(theirs[len(prompt) - 1:-1] / temperature, -1)
     expected = np.take_along_axis(np.asarray(logp),
                                   np.array(generated)[:, None], -1)[:, 0]
-    np.testing.assert_allclose(np.asarray(out.logprobs[row]), expected,
-                               atol=1e-5)
+    recorded = np.asarray(out.logprobs[row])
+    np.testing.assert_allclose(recorded, expected, atol=1e-4)
+    trainer = loss.token_logps(
+        model, jnp.asarray(sequence), jnp.arange(sequence.shape[1])[None],
+        jnp.ones_like(sequence), temperature=temperature)[0]
+    np.testing.assert_allclose(
+        recorded, np.asarray(trainer[0, len(prompt) - 1:]), atol=1e-5)
 
 
 def test_a_prompt_alone_and_in_a_padded_batch_agree(model):

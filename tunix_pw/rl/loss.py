@@ -15,20 +15,26 @@ from tunix_pw.train import distill_losses
 
 
 def token_logps(model, tokens, positions, segments,
-                shard: Sharder = Sharder()):
-  """log p(token t+1 | ...) at every position [N, T-1], and the entropy;
-  `shard` keeps the activations on the mesh's data axes."""
+                shard: Sharder = Sharder(), temperature: float = 1.0):
+  """log p(token t+1 | ...) at every position [N, T-1], and the entropy,
+  of the policy at `temperature`; `shard` keeps the activations on the
+  mesh's data axes."""
   logits, _ = model(tokens, positions, segments, shard=shard)
-  return logps_of(logits, tokens)
+  return logps_of(logits, tokens, temperature)
 
 
-def logps_of(logits: jax.Array, tokens: jax.Array
+def logps_of(logits: jax.Array, tokens: jax.Array, temperature: float = 1.0
              ) -> tuple[jax.Array, jax.Array]:
-  """`token_logps` from the logits [N, T, V]."""
+  """`token_logps` from the logits [N, T, V]: of softmax(logits / T), the
+  distribution the sampler draws from at temperature T (before top-k and
+  top-p), so that the rollout's, the old, the current and the reference
+  log-probabilities all describe one policy."""
   # Reductions over the vocabulary only, which XLA fuses: no [N, T, V]
   # log-softmax is materialised. All T positions, cut to T-1 once reduced: a
   # slice of the sharded logits trips the TPU compiler (libtpu 0.0.42).
   logits = logits.astype(jnp.float32)
+  if temperature != 1.0:
+    logits = logits / temperature
   normaliser = jax.nn.logsumexp(logits, axis=-1)
   targets = jnp.roll(tokens, -1, axis=1)
   chosen = jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]
@@ -46,7 +52,7 @@ def rl_loss(model, batch, rng, *, rl: Any, distill: Any = None,
   del rng
   logits, _ = model(batch['tokens'], batch['positions'],
                     batch['segment_ids'], shard=shard)
-  logp, entropy = logps_of(logits, batch['tokens'])
+  logp, entropy = logps_of(logits, batch['tokens'], rl.temperature)
   mask = batch['loss_mask'][:, 1:].astype(jnp.float32)
   old = batch.get('old_logps', jax.lax.stop_gradient(logp))
   per_token, clipped = registry.get('policy_loss', rl.policy_loss)(

@@ -36,7 +36,7 @@ def make_logps(config: Any, mesh, graphdef):
   shard = Sharder(mesh, config.sharding)
   return jax.jit(lambda state, b: loss_lib.token_logps(
       nnx.merge(graphdef, state), b['tokens'], b['positions'],
-      b['segment_ids'], shard)[0])
+      b['segment_ids'], shard, config.rl.temperature)[0])
 
 
 def whole_distributions(config: Any) -> bool:
@@ -55,7 +55,8 @@ def make_teacher(config: Any, mesh, graphdef):
   def outputs(state, b):
     logits, _ = nnx.merge(graphdef, state)(
         b['tokens'], b['positions'], b['segment_ids'], shard=shard)
-    out = dict(ref_logps=loss_lib.logps_of(logits, b['tokens'])[0])
+    out = dict(ref_logps=loss_lib.logps_of(logits, b['tokens'],
+                                           config.rl.temperature)[0])
     if whole_distributions(config):
       out.update(distill_losses.teacher_outputs(logits, config.distill.top_k))
     return out

@@ -58,8 +58,9 @@ class Completions:
   right-padded to a common length.
 
   tokens, logprobs, mask: [B, N]; lengths: [B]. `mask` covers the generated
-  tokens, the stop token included; `logprobs` is the model's log-softmax
-  (temperature 1) at each generated token; `versions` [B, N] (host), the
+  tokens, the stop token included; `logprobs` is the log-softmax of the
+  logits over the temperature (the policy that sampled, before top-k and
+  top-p) at each generated token; `versions` [B, N] (host), the
   version of the weights that produced each token (an engine that takes
   new weights between decode chunks), or None: all the version it started
   from."""

@@ -274,8 +274,10 @@ class Sampler:
       # (on CPU, 6-10x the generation of a vocab-32k model).
       last = shard(last, 'batch', None)
       token = pick(last, uniforms[step]).astype(jnp.int32)
-      logprob = jnp.take_along_axis(jax.nn.log_softmax(last), token[:, None],
-                                    axis=-1)[:, 0]
+      # The policy at `temperature` (before top-k and top-p), as the
+      # trainer's log-probabilities (rl/loss.py).
+      logprob = jnp.take_along_axis(jax.nn.log_softmax(last / temperature),
+                                    token[:, None], axis=-1)[:, 0]
       live = ~done
       out_tokens = out_tokens.at[:, step].set(
           jnp.where(live, token, self.pad_id))
