@@ -53,6 +53,7 @@ def answer(code, pool, attempts=1):
 def test_reward_is_the_fraction_of_tests_passed(code, passed, feedback, pool):
   _, _, step = answer(code, pool)
   assert step.done and step.reward == pytest.approx(passed / 3)
+  assert step.solved == (passed == 3)  # the verdict: every test passed
   assert step.info['tests_passed'] == passed and step.info['tests'] == 3
   assert step.feedback.startswith(feedback)
 

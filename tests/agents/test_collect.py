@@ -110,8 +110,8 @@ def test_a_slow_tool_holds_up_only_its_own_episode(lockstep):
                             ).collect(
       examples('call:blocked:5', *['call:instant:7'] * 3), seed=0,
       lockstep=lockstep)
-  assert [e.solved for e in found] == ([1.0] * 4 if not lockstep
-                                       else [0.0, 1.0, 1.0, 1.0])
+  assert [e.solved for e in found] == ([True] * 4 if not lockstep
+                                       else [False, True, True, True])
   if lockstep:
     assert counts['tool_timeouts'] == 1
     assert script.batches == [4, 4]
@@ -126,13 +126,14 @@ def test_failures_are_counted_and_the_run_goes_on():
       examples('call:instant:7', 'call:broken:1', 'call:nothing:2', 'malformed',
                'ramble'), seed=0)
   by_question = {e.example['question']: e for e in found}
-  assert by_question['call:instant:7'].solved == 1.0
+  assert by_question['call:instant:7'].solved is True
   assert counts['tool_calls'] == 3
   assert counts['tool_exceptions'] == 1  # broken
   assert counts['tool_unknowns'] == 1  # nothing
   assert counts['malformed_calls'] == 1
   assert counts['truncated_turns'] == 1  # ramble
   assert by_question['ramble'].rewards == [-1.0]  # the failure reward
+  assert not any(by_question[q].solved for q in ('ramble', 'malformed'))
   assert 'RuntimeError: out of order' in TOK.decode(
       by_question['call:broken:1'].transcript.tokens)
   assert 'must' not in counts
@@ -141,12 +142,15 @@ def test_failures_are_counted_and_the_run_goes_on():
 def test_out_of_turns_and_over_budget():
   agent_turns, counts = collector(Script(), malformed_reward=-0.2).collect(
       examples('stubborn'), seed=0)
-  # A malformed call every turn: three turns, then out of turns.
+  # A malformed call every turn: three turns, then out of turns, which
+  # adds the failure reward.
   assert counts['malformed_calls'] == 3 and counts['out_of_turns'] == 1
-  assert agent_turns[0].rewards == [-0.2, -0.2, -0.2]
+  assert agent_turns[0].rewards == [-0.2, -0.2, -0.2, -1.0]
+  assert agent_turns[0].done and not agent_turns[0].solved
   found, counts = collector(Script(), max_context=80).collect(
       examples('call:instant:7'), seed=0)
   assert counts['over_budget'] == 1 and found[0].rewards == [0.0, -1.0]
+  assert not found[0].solved
   transcript = found[0].transcript
   assert transcript.mask[-1] == 1  # the result that did not fit is dropped
 
@@ -156,6 +160,7 @@ def test_episodes_past_their_time_get_the_failure_reward():
       examples('call:sleepy:3', 'call:instant:7'), seed=0)
   assert counts['episode_timeouts'] == 1
   assert [e.rewards[-1] for e in found] == [-1.0, 1.0]
+  assert [e.solved for e in found] == [False, True]
 
 
 def test_concurrency_is_bounded():

@@ -189,6 +189,7 @@ def test_self_correction_shows_feedback_and_values_the_fix(
   episode = play(collector, [(tok.encode(t) + [2], [0.0] * (len(t) + 1))
                              for t in turns])
   assert episode.done and episode.reward == reward
+  assert episode.solved == (reward > 0)  # a corrected answer is solved
   assert episode.info == info
   text = tok.decode(episode.transcript.context)
   assert text.startswith('user: 12+30=\nmodel: ' + turns[0])

@@ -41,6 +41,10 @@ class Step:
   done: bool
   info: dict[str, int]  # counts: tool_calls, malformed_calls, tool_errors...
   feedback: str = ''  # the verifier's word on a wrong answer
+  solved: bool = False  # the verifier's verdict on the answer
+  # Ended without an answer: the count's name (e.g. 'out_of_turns'); the
+  # collector adds agent.failure_reward, as for time and context.
+  failed: str = ''
 
 
 class Env(Protocol):
@@ -63,7 +67,8 @@ def verdict(text: str, answer: str) -> tuple[float, str]:
 @dataclasses.dataclass
 class ToolEnv:
   """Tools, called in `fmt`'s format, until the model answers or runs out
-  of turns (then reward 0). Answers are right when their last number is
+  of turns (`failed='out_of_turns'`: the collector adds the failure
+  reward). Answers are right (reward 1, solved) when their last number is
   the example's answer; a turn whose call does not parse earns
   `malformed_reward`."""
 
@@ -89,7 +94,8 @@ class ToolEnv:
     else:
       if not calls:
         score, feedback = verdict(model_turn, self.answer)
-        return Step(None, score, True, {'answers': 1}, feedback)
+        return Step(None, score, True, {'answers': 1}, feedback,
+                    solved=score == 1.0)
       by_name = {t.name: t for t in self.tools}
       results = await asyncio.gather(*(
           tools_lib.run(by_name, c.name, c.arguments, self.tool_timeout,
@@ -104,13 +110,13 @@ class ToolEnv:
                      for r in results]
     reward = self.malformed_reward if 'malformed_calls' in info else 0.0
     if self.turns >= self.max_turns:
-      return Step(None, reward, True, dict(info, out_of_turns=1))
+      return Step(None, reward, True, info, failed='out_of_turns')
     return Step(observation, reward, False, info)
 
 
 @dataclasses.dataclass
 class Retry:
-  """Self-correction: after an answer short of reward 1, `feedback` (its
+  """Self-correction: after an answer not solved, `feedback` (its
   `{feedback}`: the verifier's word) and another attempt, up to
   `attempts` answers. A first answer earns its reward, a later one
   `corrected` times it; right ones are counted as `first_right` and
@@ -129,16 +135,16 @@ class Retry:
     step = await self.inner.step(model_turn)
     if not step.done or 'answers' not in step.info:
       return step  # a tool turn, or out of turns
-    if step.reward < 1 and self.attempt < self.attempts:
+    if not step.solved and self.attempt < self.attempts:
       self.attempt += 1
       return Step([dict(role='user', content=self.feedback.format(
           feedback=step.feedback))], 0.0, False,
                   dict(step.info, wrong_answers=1))
     first = self.attempt == 1
     info = dict(step.info, **({('first_right' if first else 'corrected'): 1}
-                              if step.reward >= 1 else {}))
+                              if step.solved else {}))
     return Step(None, step.reward * (1.0 if first else self.corrected),
-                True, info)
+                True, info, solved=step.solved)
 
 
 _LAST_NUMBER = re.compile(r'-?\d+(?!.*\d)', re.DOTALL)
@@ -241,7 +247,8 @@ class CodeEnv:
     return Step(None, sum(passed) / len(passed), True, dict(
         answers=1, tests=len(passed), tests_passed=sum(passed),
         sandbox_limits=sum(r.killed for r in runs),
-        sandbox_failures=sum(not r.started for r in runs)), feedback)
+        sandbox_failures=sum(not r.started for r in runs)), feedback,
+                solved=all(passed))
 
 
 def code(agent: Any, tokenizer: Any,

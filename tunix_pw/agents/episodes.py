@@ -16,8 +16,12 @@ pool: a slow tool holds up its own episode only. With `lockstep` every turn wait
 episodes' tools first (the baseline `benchmarks/agentic.py` measures
 against). Episodes run at most `agent.max_concurrent` at a time, each
 within `agent.episode_timeout` seconds; one that runs out of time, out of
-turns, out of context or ends a turn without a stop token gets the failure
-reward, and is counted.
+turns, out of context or ends a turn without a stop token adds
+`agent.failure_reward` to its turns' rewards, and is counted. An episode's
+`solved` is the verifier's verdict on its answer (never for those): it,
+not the reward (which may hold malformed-call penalties, a code task's
+fraction of tests or a retry's scaled reward), is what `exact_answer`,
+held-out accuracy and its interval count.
 """
 
 from __future__ import annotations
@@ -113,7 +117,7 @@ class Episode:
   rewards: list[float] = dataclasses.field(default_factory=list)  # per turn
   info: Counter = dataclasses.field(default_factory=Counter)
   done: bool = False
-  solved: float = 0.0  # the answer's score (the final turn's reward)
+  solved: bool = False  # the verifier's verdict: exact_answer, accuracy
 
   @property
   def reward(self) -> float:
@@ -202,8 +206,10 @@ class Collector:
     step = await episode.env.step(text)
     episode.rewards.append(step.reward)
     episode.info.update(step.info)
-    if step.done:
-      episode.done, episode.solved = True, step.reward
+    if step.failed:
+      episode.fail(step.failed, self.agent.failure_reward)
+    elif step.done:
+      episode.done, episode.solved = True, step.solved
     else:
       transcript, length = episode.transcript, len(episode.transcript.tokens)
       transcript.observation(step.observation)
@@ -303,7 +309,7 @@ def demonstrate(collector: Collector, example: dict[str, Any]) -> Transcript:
   episode = collector.new(example)
   asyncio.run(collector.script(episode, collector.task.demonstration(example),
                                trained=True))
-  if episode.solved < 1:
+  if not episode.solved:
     raise ValueError(f'the demonstration of {example} does not solve it: '
                      f'{episode.transcript.messages}')
   return episode.transcript
@@ -320,7 +326,7 @@ def to_groups(episodes: list[Episode], size: int) -> list[batch_lib.Group]:
         truncated=[bool(e.info['truncated_turns']) for e in group],
         rewards=np.array([e.reward for e in group], np.float32),
         per_reward={'exact_answer': np.array([e.solved for e in group],
-                                             np.float32)},
+                                             np.float32)},  # verdicts
         logprobs=[e.transcript.logps for e in group],
         masks=[e.transcript.mask for e in group]))
   return out

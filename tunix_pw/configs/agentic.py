@@ -38,7 +38,9 @@ def agent_block(call_format: str) -> ml_collections.ConfigDict:
       max_concurrent=64,  # episodes in flight
       tool_timeout=5.0,  # seconds per tool call
       episode_timeout=120.0,  # seconds per episode
-      failure_reward=0.0,  # out of time, turns or context; unfinished turn
+      # Added to an episode's rewards when it runs out of time, turns or
+      # context, or ends a turn without a stop token.
+      failure_reward=0.0,
       malformed_reward=0.0,  # a turn's reward for a call that does not parse
       lockstep=False,  # every turn waits for all tools (a baseline)
       # A group with an episode whose code sandbox could not start (the
