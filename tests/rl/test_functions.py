@@ -112,6 +112,14 @@ def test_mis_weights_by_hand():
                              [[0, 0, 0, 0], [1.2, 1.2, 0, 0]], rtol=1e-6)
   np.testing.assert_allclose(f.mis_weights(trainer, rollout, mask, 3.5),
                              [[3, 3, 3, 0], [1.2, 1.2, 0, 0]], rtol=1e-6)
+  # Per token within [0.7, 1.6]: only 1.5 and 0.8 stay; clipped (TIS):
+  # 2 -> 1.6, 0.5 -> 0.7, 3 -> 1.6, 1.5 and 0.8 stay.
+  np.testing.assert_allclose(
+      f.mis_weights(trainer, rollout, mask, 1.6, 0.7, 'token'),
+      [[0, 0, 0, 0], [1.5, 0.8, 0, 0]], rtol=1e-6)
+  np.testing.assert_allclose(
+      f.tis_weights(trainer, rollout, mask, 1.6, 0.7, 'token'),
+      [[1.6, 0.7, 1.6, 0], [1.5, 0.8, 0, 0]], rtol=1e-6)
 
 
 def test_ppo_clip_with_separate_epsilons():
@@ -219,3 +227,32 @@ def test_clipped_value_loss_and_whitening():
                    jnp.array([1.0, 1.0, 1.0, 0.0]))
   np.testing.assert_allclose(white, [-np.sqrt(1.5), 0, np.sqrt(1.5), 0],
                              rtol=1e-5)
+
+
+# A 2 x 4 example: token ratios pi_old / pi_rollout of the live tokens
+# 2, 0.5, 3 (row 0) and 1.5, 0.8 (row 1); the padding's do not count.
+TRAINER = np.log([[0.5, 0.2, 0.9, 0.3], [0.3, 0.4, 0.5, 0.5]])
+ROLLOUT = np.log([[0.25, 0.4, 0.3, 0.3], [0.2, 0.5, 0.05, 0.5]])
+MASK = np.array([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+GEO = [3 ** (1 / 3), 1.2 ** 0.5]  # the rows' geometric means
+
+
+@pytest.mark.parametrize('level, ratios', [
+    ('token', [[2, 0.5, 3, 0], [1.5, 0.8, 0, 0]]),
+    ('sequence', [[3, 3, 3, 0], [1.2, 1.2, 0, 0]]),
+    ('geometric', [[GEO[0]] * 3 + [0], [GEO[1]] * 2 + [0, 0]]),
+])
+def test_importance_weights_at_each_level_with_both_thresholds(level,
+                                                               ratios):
+  ratios = np.array(ratios)
+  live = MASK > 0
+  got = np.asarray(f.is_ratios(TRAINER, ROLLOUT, MASK, level)) * MASK
+  np.testing.assert_allclose(got, ratios, rtol=1e-6)
+  low, high = 0.7, 1.6
+  np.testing.assert_allclose(
+      f.tis_weights(TRAINER, ROLLOUT, MASK, high, low, level),
+      np.where(live, np.clip(ratios, low, high), 0), rtol=1e-6)
+  np.testing.assert_allclose(
+      f.mis_weights(TRAINER, ROLLOUT, MASK, high, low, level),
+      np.where(live & (ratios >= low) & (ratios <= high), ratios, 0),
+      rtol=1e-6)

@@ -84,6 +84,10 @@ def rl_block(variant: str, local: bool) -> ml_collections.ConfigDict:
       # pi_rollout (over its tokens) weights its loss; sequences above the
       # threshold are masked out (0: off; exclusive with tis_cap).
       mis_threshold=0.0,
+      # TIS's and MIS's ratio: per token, per sequence (the product) or
+      # its geometric mean; '': TIS per token, MIS per sequence. is_low:
+      # the lower threshold (TIS clips up to it, MIS masks below it).
+      is_level='', is_low=0.0,
       # Asynchronous RL (rl/asynchronous.py): rollouts generated ahead of
       # the update, from a policy at most this many steps old; 0: each
       # rollout waits for the previous step's weights (synchronous).

@@ -8,7 +8,8 @@ from typing import Any
 from tunix_pw import checks
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints
-from tunix_pw.rl import asynchronous, phases, prompts as prompts_lib, registry
+from tunix_pw.rl import asynchronous, functions, phases, prompts as prompts_lib
+from tunix_pw.rl import registry
 from tunix_pw.runtime import meshes as meshes_lib
 from tunix_pw.train import optim, setup
 
@@ -33,6 +34,12 @@ def validate(config: Any) -> None:
   if rl.tis_cap < 0 or rl.mis_threshold < 0:
     raise UsageError(f'--config.rl.tis_cap={rl.tis_cap} and mis_threshold='
                      f'{rl.mis_threshold} must be positive (or 0: off).')
+  if rl.is_level not in ('',) + functions.IS_LEVELS:
+    raise UsageError(f'--config.rl.is_level={rl.is_level!r} must be one of '
+                     f'{", ".join(functions.IS_LEVELS)} (or empty).')
+  if rl.is_low < 0 or rl.is_low > max(rl.tis_cap, rl.mis_threshold, 0.0):
+    raise UsageError(f'--config.rl.is_low={rl.is_low} must be from 0 to the '
+                     'upper threshold (tis_cap or mis_threshold).')
   if rl.tis_cap and rl.mis_threshold:
     raise UsageError('--config.rl.tis_cap and mis_threshold are two ways to '
                      'weight the same tokens: set one of them.')

@@ -162,22 +162,43 @@ def value_loss(values, old_values, returns, clip: float):
 # ------------------------------------------- rollout/trainer mismatch (TIS)
 
 
-def tis_weights(trainer_logp, rollout_logp, mask, cap: float):
+IS_LEVELS = ('token', 'sequence', 'geometric')
+
+
+def is_ratios(trainer_logp, rollout_logp, mask, level: str):
+  """Each live token's importance ratio pi_old / pi_rollout [N, T] at
+  `level`: its own (token), its sequence's product over the live tokens
+  (sequence), or that product's geometric mean (geometric: length-free, so
+  long sequences are not masked for their length alone)."""
+  d = (trainer_logp - rollout_logp) * mask
+  if level == 'token':
+    return jnp.exp(d)
+  total = d.sum(-1, keepdims=True)
+  if level == 'geometric':
+    total = total / jnp.maximum(mask.sum(-1, keepdims=True), 1.0)
+  return jnp.broadcast_to(jnp.exp(total), d.shape)
+
+
+def tis_weights(trainer_logp, rollout_logp, mask, cap: float,
+                low: float = 0.0, level: str = 'token'):
   """Truncated importance sampling (Yao et al. 2025, "Your Efficient RL
   Framework Secretly Brings You Off-Policy RL Training"): the rollout
   engine sampled from pi_rollout, the trainer's gradient assumes pi_old;
-  each token's loss is weighted by min(pi_old / pi_rollout, cap)."""
-  return jnp.minimum(jnp.exp(trainer_logp - rollout_logp), cap) * mask
+  each token's loss is weighted by its ratio at `level`, clipped to
+  [low, cap]."""
+  ratio = is_ratios(trainer_logp, rollout_logp, mask, level)
+  return jnp.clip(ratio, low, cap) * mask
 
 
-def mis_weights(trainer_logp, rollout_logp, mask, threshold: float):
-  """Masked importance sampling at the sequence level (Liu et al. 2025,
-  "When Speed Kills Stability"): a sequence's ratio rho = prod_t
-  pi_old / pi_rollout over its sampled tokens weights each of its tokens'
-  loss, and a sequence with rho above `threshold` is masked out whole
-  (a stale or mismatched sample is rejected, not truncated)."""
-  rho = jnp.exp(((trainer_logp - rollout_logp) * mask).sum(-1, keepdims=True))
-  return jnp.where(rho <= threshold, rho, 0.0) * mask
+def mis_weights(trainer_logp, rollout_logp, mask, threshold: float,
+                low: float = 0.0, level: str = 'sequence'):
+  """Masked importance sampling (Liu et al. 2025, "When Speed Kills
+  Stability"): the ratio at `level` weights each token's loss, and a
+  ratio outside [low, threshold] masks it out (at the sequence and
+  geometric levels the whole sequence: a stale or mismatched sample is
+  rejected, not truncated)."""
+  ratio = is_ratios(trainer_logp, rollout_logp, mask, level)
+  return jnp.where((ratio >= low) & (ratio <= threshold), ratio, 0.0) * mask
 
 
 def mismatch(trainer_logp, rollout_logp, mask) -> dict[str, jax.Array]:

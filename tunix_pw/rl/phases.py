@@ -116,9 +116,10 @@ def rollout_correction(result: Rollout, arrays: dict[str, np.ndarray],
                        ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
   """The rollout engine's log-probabilities against the trainer's at
   rollout time (`old_logps`; an asynchronous rollout's engine served an
-  older policy): mismatch metrics, and each token's importance weight,
-  truncated (--config.rl.tis_cap) or masked per sequence
-  (--config.rl.mis_threshold)."""
+  older policy): mismatch metrics, and each token's importance weight at
+  --config.rl.is_level, clipped to [is_low, tis_cap] (TIS) or masked
+  outside [is_low, mis_threshold] (MIS), with the share of live tokens
+  clipped (`tis_clipped`) or masked (`mis_masked`)."""
   if old_logps is None or not (rl.tis_cap or rl.mis_threshold or
                                rl.mismatch_metrics):
     return {}, {}
@@ -127,16 +128,16 @@ def rollout_correction(result: Rollout, arrays: dict[str, np.ndarray],
   mask = arrays['loss_mask'][:, 1:] * (arrays['weights'][:, None] > 0)
   values = {k: float(v) for k, v in
             fetch(functions.mismatch(old, rollout, mask)).items()}
-  if rl.mis_threshold:
-    weights = np.asarray(functions.mis_weights(old, rollout, mask,
-                                               rl.mis_threshold))
-    live = mask.any(-1)
-    values['mis_masked'] = float(
-        (live & ~weights.any(-1)).sum() / max(live.sum(), 1))
-  elif rl.tis_cap:
-    weights = functions.tis_weights(old, rollout, mask, rl.tis_cap)
-  else:
+  high = rl.mis_threshold or rl.tis_cap
+  if not high:
     return {}, values
+  level = rl.is_level or ('sequence' if rl.mis_threshold else 'token')
+  weigh = functions.mis_weights if rl.mis_threshold else functions.tis_weights
+  weights = weigh(old, rollout, mask, high, rl.is_low, level)
+  ratio = np.asarray(functions.is_ratios(old, rollout, mask, level))
+  outside = ((ratio < rl.is_low) | (ratio > high)) & (mask > 0)
+  key = 'mis_masked' if rl.mis_threshold else 'tis_clipped'
+  values[key] = float(outside.sum() / max((mask > 0).sum(), 1))
   return {'is_weights': np.asarray(weights, np.float32)}, values
 
 
@@ -149,12 +150,17 @@ def to_actor(extra: dict[str, jax.Array], actor_mesh: Any, rules: Any,
   return moved
 
 
+# Update metrics that describe the state after the step, not an average.
+_LAST = ('learning_rate', 'nonfinite_streak')
+
+
 def update(state: Any, train_step: Callable, batch: dict[str, Any],
            rl: Any, mesh: Any, rules: Any) -> tuple[Any, dict[str, float]]:
   """num_iterations passes of mini-batch updates over the rollout, each
   mini-batch split over `mesh`'s batch axes (a slice of a sharded array
-  comes out replicated)."""
+  comes out replicated); the step's metrics over all of them (`combine`)."""
   n = len(batch['tokens'])
+  per_update = []
   for _ in range(rl.num_iterations):
     for start in range(0, n, rl.mini_batch_size):
       mini = {k: jax.device_put(v[start:start + rl.mini_batch_size],
@@ -162,7 +168,31 @@ def update(state: Any, train_step: Callable, batch: dict[str, Any],
                                                v.shape[1:], rules))
               for k, v in batch.items()}
       state, step_metrics = train_step(state, mini)
-  return state, fetch(step_metrics)
+      per_update.append(step_metrics)
+  return state, combine(fetch(per_update))
+
+
+def combine(per_update: list[dict[str, Any]]) -> dict[str, float]:
+  """One step's update metrics from its mini-batch updates': each loss
+  metric (loss, clip_fraction, kl, entropy, ...) averaged with the weight
+  its loss was normalised by (tokens for token-level aggregations,
+  sequences for sequence-level ones), so the step's figure is that of all
+  its tokens; `weight` summed; `grad_norm` the updates' mean; `skipped` the
+  updates skipped; the learning rate and the non-finite streak the last."""
+  weights = np.array([float(m['weight']) for m in per_update])
+  total = weights.sum()
+  out = {}
+  for key in per_update[0]:
+    values = np.array([float(m[key]) for m in per_update])
+    if key in _LAST:
+      out[key] = values[-1]
+    elif key in ('weight', 'skipped'):
+      out[key] = values.sum()
+    elif key == 'grad_norm' or not total:
+      out[key] = values.mean()
+    else:  # a loss metric
+      out[key] = values @ weights / total
+  return {k: float(v) for k, v in out.items()}
 
 
 def samples(result: Rollout, tokenizer: Any,
