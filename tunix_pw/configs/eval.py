@@ -26,6 +26,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.data.max_length = 16 if local else 1024
   c.split = 'test'
   c.mode = 'exact_match'  # or 'loss'
+  # exact_match's judge: exact_answer (the last number), math_equal or
+  # exact (the whole text).
+  c.verifier = 'exact_answer'
   c.examples = 500
   c.batch_size = 100 if local else 32
   c.max_new_tokens = 8 if local else 256

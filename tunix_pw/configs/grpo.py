@@ -156,7 +156,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval_every = 0  # 0: at the start and the end only
   c.eval_examples = 500  # per held-out set (a mixture has one per dataset)
   c.eval_batch_size = 100 if local else 64
-  c.eval_k = 0  # samples per problem for pass@k and maj@k (0: greedy only)
+  c.eval_k = 0  # pass@k and maj@k (0: greedy only)
+  c.eval_n = 0  # samples per problem for pass@k, at least eval_k (0: k)
+  # How a held-out completion is judged: exact_answer (its last number),
+  # math_equal, exact (the whole text); '': math_equal where rl.rewards
+  # uses it, else exact_answer.
+  c.eval_verifier = ''
   c.eval_temperature = 1.0
   c.sample_every = 0  # steps between sample logs to samples.jsonl (0: off)
   c.samples_per_log = 4  # prompts per sample log, with all completions

@@ -37,6 +37,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval_examples = 500
   c.eval_batch_size = 100 if local else 64
   c.eval_max_new_tokens = 8 if local else 256
+  # How a held-out completion is judged: exact_answer (its last number),
+  # math_equal or exact (the whole text).
+  c.eval_verifier = 'exact_answer'
   c.checkpoint = common.checkpointing(every=100 if local else 500)
   c.export = ''  # a directory: the final model and tokenizer, HF layout
   c.runtime = common.runtime(host_device_count=8 if local else 0)

@@ -14,6 +14,7 @@ from tunix_pw import workdir as workdir_lib
 from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints
+from tunix_pw.rl import rewards
 from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.fetch import fetch
 from tunix_pw.runtime.preemption import Preemption
@@ -30,6 +31,7 @@ def validate(config: Any) -> None:
   if config.mode not in MODES:
     raise UsageError(f'--config.mode={config.mode!r} is unknown; use one of '
                      f'{", ".join(MODES)}.')
+  rewards.verifier(config.verifier, field='--config.verifier')
   if config.examples < 1 or config.batch_size < 1:
     raise UsageError('--config.examples and --config.batch_size must be at '
                      'least 1.')
@@ -78,7 +80,9 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
     sampler = make_sampler(model, tokenizer, mesh=mesh, rules=config.sharding,
                            runtime=runtime)
     result = evaluate.exact_match(sampler, tokenizer, prompts, answers,
-                                  config.max_new_tokens, config.batch_size)
+                                  config.max_new_tokens, config.batch_size,
+                                  rewards.verifier(config.verifier,
+                                                   field='--config.verifier'))
   if runtime.is_coordinator:
     (epath.Path(workdir) / workdir_lib.EVAL).write_text(json.dumps(result))
     print(f'eval: {spec.name}/{config.split} {config.mode}: ' + ', '.join(

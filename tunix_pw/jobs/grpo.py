@@ -27,7 +27,7 @@ from tunix_pw import compile_only, console
 from tunix_pw.rl import config_checks, phases
 from tunix_pw.rl import asynchronous, batch as batch_lib, judge as judge_lib
 from tunix_pw.rl import plan as plan_lib, prompts as prompts_lib
-from tunix_pw.rl import reward_model
+from tunix_pw.rl import reward_model, rewards
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.sampling.sampler import Sampler, make_sampler
@@ -203,14 +203,16 @@ def evaluate_sets(parts: Parts, heldout: dict[str, Any]) -> dict[str, float]:
   sampling = dataclasses.replace(
       phases.sampling(config.rl, config.seed),
       temperature=config.eval_temperature) if config.eval_k else None
+  verifier = rewards.verifier(config.eval_verifier, config.rl.rewards)
   for name, (prompts_ids, answers) in heldout.items():
     result = evaluate.exact_match(parts.sampler, parts.tokenizer, prompts_ids,
                                   answers, config.rl.max_new_tokens,
-                                  config.eval_batch_size)
+                                  config.eval_batch_size, verifier)
     if sampling:
       result.update(evaluate.sampled(
           parts.sampler, parts.tokenizer, prompts_ids, answers,
-          config.eval_k, sampling, config.eval_batch_size))
+          config.eval_k, config.eval_n or config.eval_k, sampling,
+          config.eval_batch_size, verifier))
     out.update({f'eval/{name}/{k}' if name else f'eval/{k}': v
                 for k, v in result.items()})
   if len(heldout) > 1:

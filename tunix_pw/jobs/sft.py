@@ -19,6 +19,7 @@ from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.jobs import agentic
 from tunix_pw.models import checkpoints
+from tunix_pw.rl import rewards
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.sharding import Sharder
@@ -44,6 +45,7 @@ def validate(config: Any) -> None:
                      'gsm8k or chat.')
   if config.steps < 1:
     raise UsageError(f'--config.steps={config.steps} must be at least 1.')
+  rewards.verifier(config.eval_verifier)
   if config.stop_at_accuracy and not (
       0 < config.stop_at_accuracy <= 1 and config.eval_every and
       config.eval_examples):
@@ -185,9 +187,10 @@ def heldout_evaluation(config: Any, source: Any, sampler: Any,
   if 'agent' not in config:
     prompts, answers = setup.heldout(config.data.name, source, tokenizer,
                                      config.eval_examples, config.data.chat)
+    verifier = rewards.verifier(config.eval_verifier)
     return (lambda: {f'eval/{k}': v for k, v in evaluate.exact_match(
         sampler, tokenizer, prompts, answers, config.eval_max_new_tokens,
-        config.eval_batch_size).items()}), None
+        config.eval_batch_size, verifier).items()}), None
   tools = concurrent.futures.ThreadPoolExecutor(config.eval_batch_size)
   return functools.partial(
       agentic.evaluate_episodes, agentic.collector(

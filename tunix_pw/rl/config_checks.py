@@ -9,7 +9,7 @@ from tunix_pw import checks
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints
 from tunix_pw.rl import asynchronous, functions, phases, prompts as prompts_lib
-from tunix_pw.rl import registry
+from tunix_pw.rl import registry, rewards
 from tunix_pw.runtime import meshes as meshes_lib
 from tunix_pw.train import optim, setup
 
@@ -28,6 +28,10 @@ def validate(config: Any) -> None:
   if config.eval_k < 0 or config.eval_k == 1:
     raise UsageError(f'--config.eval_k={config.eval_k} must be 0 (greedy '
                      'only) or at least 2 samples per problem.')
+  if config.eval_n and config.eval_n < config.eval_k:
+    raise UsageError(f'--config.eval_n={config.eval_n} must be at least '
+                     f'--config.eval_k={config.eval_k} (or 0: eval_k).')
+  rewards.verifier(config.eval_verifier, config.rl.rewards)
   optim.check(config.optimizer)
   setup.check_lora_block(config.lora)
   rl = config.rl

@@ -18,6 +18,7 @@ import numpy as np
 
 from tunix_pw.errors import UsageError
 from tunix_pw.rl import registry
+from tunix_pw.train.evaluate import EXACT, Verifier
 from tunix_pw.rl.registry import register
 
 _NUMBER = re.compile(r'-?\d[\d,]*(?:\.\d+)?')
@@ -46,11 +47,16 @@ def number(text: str) -> float | None:
     return None
 
 
+def numbers_equal(text: str, answer: str) -> bool:
+  """Whether `text`'s last number is the reference's."""
+  got, want = number(text), number(answer)
+  return got is not None and want is not None and got == want
+
+
 @register('reward', 'exact_answer')
 def exact_answer(sample: Sample) -> float:
   """1 when the completion's (last) number equals the reference number."""
-  got, want = number(sample.completion), number(sample.answer)
-  return float(got is not None and want is not None and got == want)
+  return float(numbers_equal(sample.completion, sample.answer))
 
 
 @register('reward', 'reward_model')
@@ -77,9 +83,41 @@ def math_equal(sample: Sample) -> float:
   """1 when the completion's final answer (its last \\boxed{}, else after
   'answer is') equals the reference by value: fractions, decimals,
   thousands separators, simple LaTeX, units (rl/math_equal.py)."""
-  from tunix_pw.rl import math_equal as math_lib  # pylint: disable=g-import-not-at-top (sympy, on first use)
+  from tunix_pw.rl import math_equal as math_lib  # pylint: disable=g-import-not-at-top (its helper, on first use)
   return float(math_lib.equal(math_lib.final_answer(sample.completion),
                               sample.answer))
+
+
+def _math_answer(text: str) -> str | None:
+  from tunix_pw.rl import math_equal as math_lib  # pylint: disable=g-import-not-at-top
+  return math_lib.normalise(math_lib.final_answer(text)) or None
+
+
+def _math_right(text: str, answer: str) -> bool:
+  try:  # a check past its limit is not right
+    return bool(math_equal(Sample('', text, answer, 0, 0, False)))
+  except (TimeoutError, MemoryError, RuntimeError):
+    return False
+
+
+# Held-out evaluation by a reward's extraction and equivalence (the answer
+# votes in maj@k; math_equal's are its normalised final answers).
+VERIFIERS = {'exact_answer': Verifier(number, numbers_equal),
+             'math_equal': Verifier(_math_answer, _math_right),
+             'exact': EXACT}
+
+
+def verifier(name: str, rewards: str = '',
+             field: str = '--config.eval_verifier') -> Verifier:
+  """The verifier `name`; '' picks math_equal when `rewards` (a weights
+  spec) uses it, else exact_answer."""
+  if not name:
+    name = ('math_equal' if 'math_equal' in dict(parse_weights(rewards))
+            else 'exact_answer') if rewards else 'exact_answer'
+  if name not in VERIFIERS:
+    raise UsageError(f'{field}={name!r} is not a verifier; use one of '
+                     f'{", ".join(VERIFIERS)}.')
+  return VERIFIERS[name]
 
 
 @register('reward', 'digits')

@@ -1,18 +1,34 @@
-"""Held-out evaluation through the rollout engine: greedy exact match, and
-with k samples per problem pass@k (any sample right) and maj@k (the most
-common answer right), on one or several named held-out sets."""
+"""Held-out evaluation through the rollout engine: greedy accuracy, and
+with n >= k samples per problem pass@k (the unbiased estimate of a right
+answer among k samples, Chen et al. 2021) and maj@k (the most common
+answer of k samples right), on one or several named held-out sets.
+
+A completion is judged by a `Verifier`, the extraction and equivalence of
+the job's reward (rl/rewards.py): a completion that reasons before its
+answer counts, and votes are over answers, not texts."""
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 
 from tunix_pw.models.tokenizers import Tokenizer
 from tunix_pw.runtime.fetch import fetch
 from tunix_pw.sampling.rollout import RolloutEngine, SamplingConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Verifier:
+  answer: Callable[[str], Any]  # a completion's answer (a vote), or None
+  right: Callable[[str, str], bool]  # (completion, reference) -> right?
+
+
+EXACT = Verifier(str.strip, lambda text, answer: text.strip() == answer.strip())
 
 
 def wilson_interval(correct: int, total: int,
@@ -50,9 +66,12 @@ def completions(engine: RolloutEngine, tokenizer: Tokenizer,
 
 def exact_match(engine: RolloutEngine, tokenizer: Tokenizer,
                 prompts: Sequence[Sequence[int]], answers: Sequence[str],
-                max_new_tokens: int, batch_size: int) -> dict[str, float]:
+                max_new_tokens: int, batch_size: int,
+                verifier: Verifier = EXACT) -> dict[str, float]:
+  """Greedy accuracy: the share of prompts whose completion `verifier`
+  finds right, with its 95% interval."""
   texts = completions(engine, tokenizer, prompts, max_new_tokens, batch_size)
-  correct = sum(t.strip() == a.strip() for t, a in zip(texts, answers))
+  correct = sum(verifier.right(t, a) for t, a in zip(texts, answers))
   low, high = wilson_interval(correct, len(answers))
   return dict(accuracy=correct / max(len(answers), 1), correct=correct,
               total=len(answers), ci_low=low, ci_high=high)
@@ -65,33 +84,43 @@ def summary(job: str, result: dict[str, float]) -> str:
           f'95% CI {result["eval/ci_low"]:.1%}-{result["eval/ci_high"]:.1%})')
 
 
-def pass_at_k(correct: np.ndarray) -> float:
-  """[P, k] booleans -> the fraction of problems with a right sample."""
-  return float(np.mean(np.any(correct, axis=1))) if len(correct) else 0.0
+def pass_at_k(right: np.ndarray, k: int) -> float:
+  """[P, n] booleans (n >= k samples per problem) -> the mean over problems
+  of 1 - C(n - c, k) / C(n, k), c right: the unbiased estimate of the
+  chance that k samples hold a right one (Chen et al. 2021)."""
+  if not len(right):
+    return 0.0
+  n = right.shape[1]
+  return float(np.mean([1.0 - math.comb(n - c, k) / math.comb(n, k)
+                        for c in right.sum(axis=1)]))
 
 
-def maj_at_k(samples: Sequence[Sequence[str]],
-             answers: Sequence[str]) -> float:
-  """The fraction of problems whose most common answer (stripped; a tie
-  goes to the answer seen first) is right."""
+def maj_at_k(samples: Sequence[Sequence[str]], answers: Sequence[str],
+             verifier: Verifier, k: int) -> float:
+  """The share of problems whose most common answer among their first k
+  samples (a tie goes to the answer seen first; samples with no answer do
+  not vote) is right."""
   right = 0
   for texts, answer in zip(samples, answers):
-    votes = collections.Counter(t.strip() for t in texts)
-    top = max(votes.values())
-    winner = next(t.strip() for t in texts if votes[t.strip()] == top)
-    right += winner == answer.strip()
+    votes = [(verifier.answer(t), t) for t in texts[:k]]
+    counts = collections.Counter(v for v, _ in votes if v is not None)
+    if counts:
+      top = max(counts.values())
+      winner = next(t for v, t in votes if v is not None and counts[v] == top)
+      right += verifier.right(winner, answer)
   return right / max(len(answers), 1)
 
 
 def sampled(engine: RolloutEngine, tokenizer: Tokenizer,
             prompts: Sequence[Sequence[int]], answers: Sequence[str], k: int,
-            sampling: SamplingConfig, batch_size: int) -> dict[str, float]:
-  """pass@k and maj@k from k samples per problem."""
-  repeated = [p for p in prompts for _ in range(k)]
+            n: int, sampling: SamplingConfig, batch_size: int,
+            verifier: Verifier = EXACT) -> dict[str, float]:
+  """pass@k and maj@k from n >= k samples per problem."""
+  repeated = [p for p in prompts for _ in range(n)]
   texts = completions(engine, tokenizer, repeated, sampling.max_new_tokens,
                       batch_size, sampling)
-  samples = [texts[i * k:(i + 1) * k] for i in range(len(prompts))]
-  correct = np.array([[t.strip() == a.strip() for t in row]
-                      for row, a in zip(samples, answers)]).reshape(-1, k)
-  return {f'pass@{k}': pass_at_k(correct), f'maj@{k}': maj_at_k(samples,
-                                                                answers)}
+  samples = [texts[i * n:(i + 1) * n] for i in range(len(prompts))]
+  right = np.array([[verifier.right(t, a) for t in row]
+                    for row, a in zip(samples, answers)]).reshape(-1, n)
+  return {f'pass@{k}': pass_at_k(right, k),
+          f'maj@{k}': maj_at_k(samples, answers, verifier, k)}
