@@ -153,6 +153,14 @@ def test_gspo_token_sequence_ratio():
       np.ones((2, 3))
   np.testing.assert_allclose(loss, expected, rtol=1e-5)
   assert np.asarray(clipped)[0].all() and not np.asarray(clipped)[1].any()
+  # The gradient: each token's own log-probability, scaled by its
+  # sequence's (stopped) ratio, -s_i A_i, and nothing from the other tokens
+  # (a fully stopped ratio would give 0; an unstopped one, a sum over all).
+  grad = jax.grad(lambda lp: (f.gspo_token(lp, old, adv * jnp.array(
+      [1.0, -2.0]), mask, eps_low=0.9, eps_high=0.9)[0] * mask).sum())(logp)
+  np.testing.assert_allclose(
+      grad, -(s * np.array([1.0, -2.0]))[:, None] * np.asarray(mask),
+      rtol=1e-5)
 
 
 def test_aggregations():
