@@ -17,6 +17,11 @@ from tunix_pw.models import presets
 from tunix_pw.runtime import meshes, topology
 from tunix_pw.train import setup
 
+# libtpu comes with the test extra (jax[tpu]); without it there is no TPU
+# compiler to check against.
+pytest.importorskip('libtpu', reason='libtpu is not installed (the test '
+                    'extra installs it)')
+
 GIB = 1 << 30
 # gemma3-1b GRPO, sized for a v5e-16 (16 GiB per chip): bfloat16 compute,
 # micro batches of 4 (libtpu compiles the train step in about 40 s; 50 s

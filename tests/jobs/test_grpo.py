@@ -205,8 +205,13 @@ def test_async_rollouts_stay_within_the_staleness_bound(tmp_path):
   """Rollouts run ahead by up to k policy versions and never further; with
   partial rollouts (decode chunks of 2 tokens) every token's version is
   recorded, and masked importance sampling weights the stale samples."""
+  # MIS per token within [0.999, 1.001]: the first step's samples are the
+  # trainer's own policy's (ratios 1 within 1e-6), later ones a version
+  # behind (ratios 0.65-1.5 here), so only those are masked.
   for k, extra in ((1, ['--config.rl.decode_chunk=2',
-                        '--config.rl.mis_threshold=4']), (2, [])):
+                        '--config.rl.mis_threshold=1.001',
+                        '--config.rl.is_low=0.999',
+                        '--config.rl.is_level=token']), (2, [])):
     result = run_grpo('runlocal', '--config.steps=6', '--config.eval_examples=0',
                       '--config.checkpoint.every=0',
                       f'--config.rl.max_staleness={k}', *extra,
@@ -226,7 +231,7 @@ def test_async_rollouts_stay_within_the_staleness_bound(tmp_path):
                   if key.startswith('token_staleness/')}
         assert shares and set(shares) <= set(range(k + 1)), shares
         assert abs(sum(shares.values()) - 1) < 1e-6
-        assert 0 <= m['mis_masked'] <= 1
+        assert (m['mis_masked'] > 0) == (m['staleness'] > 0), m
   refused = helpers.run_main('--config=tunix_pw/configs/grpo.py:runlocal',
                              '--config.rl.max_staleness=1', *COLLOCATED,
                              '--check_only')
