@@ -192,3 +192,12 @@ def test_a_sandbox_that_cannot_start_says_so():
   failure once seen when sandboxes shared one process budget)."""
   result = run('print(1)', processes=1)
   assert not result.started and not result.ok and not result.killed
+
+
+def test_without_a_memory_cgroup_the_sandbox_is_a_config_error(
+    monkeypatch):
+  """As where no memory controller can be used (a container that is not
+  privileged): one sentence, before any run."""
+  monkeypatch.setattr(sandbox, '_memory_root', lambda: None)
+  with pytest.raises(UsageError, match='cannot make one here .*writable'):
+    sandbox.check_available()
