@@ -13,7 +13,7 @@ import filelock  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from tests import helpers  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tests import helpers, tiers  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tunix_pw.configs import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tunix_pw.runtime import allocator, backend  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -62,7 +62,17 @@ LONGEST = ('tests/jobs/test_reward_model.py', 'tests/jobs/test_grpo.py',
            'tests/launch/test_local.py')
 
 
+def pytest_configure(config):
+  config.addinivalue_line(
+      'markers', 'slow: over 2 s in a full run (tests/tiers.py); '
+      '-m "not slow" is the fast tier')
+
+
 def pytest_collection_modifyitems(items):
+  slow = tiers.listed()
+  for item in items:
+    if item.nodeid in slow:
+      item.add_marker(pytest.mark.slow)
   rank = lambda item: item.nodeid.split('::')[0]
   items.sort(key=lambda item: LONGEST.index(rank(item))
              if rank(item) in LONGEST else len(LONGEST))

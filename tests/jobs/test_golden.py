@@ -78,6 +78,9 @@ def test_bit_identical_to_goldens(tmp_path, variant):
 
 if __name__ == '__main__':
   import tempfile  # pylint: disable=g-import-not-at-top
+  # The suite's environment (CPU, TCMalloc preloaded): without it each run
+  # re-executed itself under TCMalloc as the fork server, and did nothing.
+  from tests import conftest  # pylint: disable=g-import-not-at-top,unused-import
   # --kind=NAME records into goldens/NAME/ (a new processor kind).
   kind = next((a.split('=', 1)[1] for a in sys.argv[1:]
                if a.startswith('--kind=')), '')

@@ -41,7 +41,8 @@ def run_batch(c, ran):
   logps = {k: np.zeros((len(arrays['tokens']), arrays['tokens'].shape[1] - 1),
                        np.float32) for k in ran.needed}
   mesh, seen = ran.policy.mesh, []
-  phases.update(None, lambda state, mini: (seen.append(mini), ({}, {}))[1],
+  step = lambda state, mini: (seen.append(mini), ({}, {'weight': 1.0}))[1]
+  phases.update(None, step,
                 phases.on_mesh({**arrays, **logps}, mesh, c.sharding), rl,
                 mesh, c.sharding)
   return arrays, seen[0]

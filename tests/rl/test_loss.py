@@ -12,7 +12,8 @@ from tunix_pw.rl import loss
 
 RL = ml_collections.ConfigDict(dict(
     policy_loss='ppo_clip', eps_low=0.2, eps_high=0.2,
-    aggregation='token-mean', kl='k3', kl_beta=0.0, max_new_tokens=4))
+    aggregation='token-mean', kl='k3', kl_beta=0.0, max_new_tokens=4,
+    temperature=1.0))
 
 
 def softmax(x):
