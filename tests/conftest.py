@@ -70,8 +70,8 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(items):
   slow = tiers.listed()
-  for item in items:
-    if item.nodeid in slow:
+  for item in items:  # a trained model takes a minute to make
+    if item.nodeid in slow or 'trained_sft' in item.fixturenames:
       item.add_marker(pytest.mark.slow)
   rank = lambda item: item.nodeid.split('::')[0]
   items.sort(key=lambda item: LONGEST.index(rank(item))

@@ -2,7 +2,8 @@
 tests/slow.txt (README, Developing).
 
 A test is slow when a full run measured it over `SLOW_OVER_S` (setup, call
-and teardown together), unless it is one of `PULSES`: a short job run per
+and teardown together) or it needs the `trained_sft` model (a minute to
+train, whichever test asks first), unless it is one of `PULSES`: a short job run per
 job and per subsystem that only a run exercises, so that the fast tier
 still imports every module and runs most of each one's lines. A new test
 is fast until the list is made again from a full run's durations:
@@ -34,6 +35,12 @@ PULSES = (
     'tests/jobs/test_agentic.py::test_the_code_task_runs_tests_in_the_sandbox',
     'tests/jobs/test_generate.py::test_generates_from_a_checkpoint_directory',
     'tests/test_compile_only.py::test_reward_model_plan_counts_its_value_model',
+    'tests/runtime/test_reshard.py::test_cross_process_transfer_in_a_two_'
+    'process_run',
+    'tests/test_fuzz.py::test_random_overrides_exit_0_or_2_with_one_sentence['
+    'demo:]',
+    'tests/test_fuzz.py::test_random_overrides_exit_0_or_2_with_one_sentence['
+    'eval:runlocal]',
 )
 _DURATION = re.compile(r'^([0-9.]+)s (?:call|setup|teardown)\s+(\S.*?)\s*$')
 
