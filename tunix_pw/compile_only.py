@@ -309,8 +309,8 @@ def check(config: Any, job: Any, tpu_type: str, num_slices: int,
   would need more than its HBM."""
   if not hasattr(job, 'compile_plan'):
     raise UsageError(f'--compile_topology: the {config.job} job has no '
-                     'compile plan; compile-only checks cover the grpo, '
-                     'sft and dpo jobs.')
+                     'compile plan; compile-only checks cover the sft, dpo, '
+                     'reward_model, distill, grpo, agentic and ppo jobs.')
   tpu = topology.parse(tpu_type, '--compile_topology')
   devices = topology.devices(tpu, num_slices)
   processes = (1 if backend_name == backend.PATHWAYS else
