@@ -22,7 +22,10 @@ from tunix_pw.train import metrics
 
 GOLDENS = os.path.join(os.path.dirname(__file__), 'goldens')
 VARIANTS = ('grpo', 'dapo', 'drgrpo', 'gspo')
-TIMINGS = ('time/', 'rollout_tokens_per_s', 'tokens_per_s', 'step_time')
+# Timings, and what timing decides (the rollout queue's depth when a step
+# starts).
+TIMINGS = ('time/', 'rollout_tokens_per_s', 'tokens_per_s', 'step_time',
+           'queue_depth')
 
 
 def run(variant: str, workdir: str) -> dict:
