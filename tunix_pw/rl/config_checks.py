@@ -25,28 +25,11 @@ def validate(config: Any) -> None:
                       'num_iterations', 'max_prompt_length', 'max_new_tokens')
   checkpoints.check_model_block(config.model)
   prompts_lib.check(config)
-  if config.eval_k < 0 or config.eval_k == 1:
-    raise UsageError(f'--config.eval_k={config.eval_k} must be 0 (greedy '
-                     'only) or at least 2 samples per problem.')
-  if config.eval_n and config.eval_n < config.eval_k:
-    raise UsageError(f'--config.eval_n={config.eval_n} must be at least '
-                     f'--config.eval_k={config.eval_k} (or 0: eval_k).')
-  rewards.verifier(config.eval_verifier, config.rl.rewards)
+  check_evaluation(config)
   optim.check(config.optimizer)
   setup.check_lora_block(config.lora)
   rl = config.rl
-  if rl.tis_cap < 0 or rl.mis_threshold < 0:
-    raise UsageError(f'--config.rl.tis_cap={rl.tis_cap} and mis_threshold='
-                     f'{rl.mis_threshold} must be positive (or 0: off).')
-  if rl.is_level not in ('',) + functions.IS_LEVELS:
-    raise UsageError(f'--config.rl.is_level={rl.is_level!r} must be one of '
-                     f'{", ".join(functions.IS_LEVELS)} (or empty).')
-  if rl.is_low < 0 or rl.is_low > max(rl.tis_cap, rl.mis_threshold, 0.0):
-    raise UsageError(f'--config.rl.is_low={rl.is_low} must be from 0 to the '
-                     'upper threshold (tis_cap or mis_threshold).')
-  if rl.tis_cap and rl.mis_threshold:
-    raise UsageError('--config.rl.tis_cap and mis_threshold are two ways to '
-                     'weight the same tokens: set one of them.')
+  check_importance(rl)
   asynchronous.check(config)
   kinds = [('policy_loss', rl.policy_loss), ('aggregation', rl.aggregation),
            ('kl', rl.kl)]
@@ -84,6 +67,33 @@ def validate(config: Any) -> None:
   meshes_lib.check_batch(samples, config.meshes, 'rollout',
                          config.sharding.batch,
                          'prompts_per_step x num_generations')
+
+
+def check_evaluation(config: Any) -> None:
+  """pass@k's samples and the held-out verifier."""
+  if config.eval_k < 0 or config.eval_k == 1:
+    raise UsageError(f'--config.eval_k={config.eval_k} must be 0 (greedy '
+                     'only) or at least 2 samples per problem.')
+  if config.eval_n and config.eval_n < config.eval_k:
+    raise UsageError(f'--config.eval_n={config.eval_n} must be at least '
+                     f'--config.eval_k={config.eval_k} (or 0: eval_k).')
+  rewards.verifier(config.eval_verifier, config.rl.rewards)
+
+
+def check_importance(rl: Any) -> None:
+  """TIS or MIS: one of them, its level and its thresholds."""
+  if rl.tis_cap < 0 or rl.mis_threshold < 0:
+    raise UsageError(f'--config.rl.tis_cap={rl.tis_cap} and mis_threshold='
+                     f'{rl.mis_threshold} must be positive (or 0: off).')
+  if rl.is_level not in ('',) + functions.IS_LEVELS:
+    raise UsageError(f'--config.rl.is_level={rl.is_level!r} must be one of '
+                     f'{", ".join(functions.IS_LEVELS)} (or empty).')
+  if rl.is_low < 0 or rl.is_low > max(rl.tis_cap, rl.mis_threshold, 0.0):
+    raise UsageError(f'--config.rl.is_low={rl.is_low} must be from 0 to the '
+                     'upper threshold (tis_cap or mis_threshold).')
+  if rl.tis_cap and rl.mis_threshold:
+    raise UsageError('--config.rl.tis_cap and mis_threshold are two ways to '
+                     'weight the same tokens: set one of them.')
 
 
 def check_teacher(config: Any) -> None:
