@@ -17,6 +17,7 @@ import re
 import numpy as np
 
 from tunix_pw.errors import UsageError
+from tunix_pw.rl import math_equal as math_lib
 from tunix_pw.rl import registry
 from tunix_pw.train.evaluate import EXACT, Verifier
 from tunix_pw.rl.registry import register
@@ -83,13 +84,11 @@ def math_equal(sample: Sample) -> float:
   """1 when the completion's final answer (its last \\boxed{}, else after
   'answer is') equals the reference by value: fractions, decimals,
   thousands separators, simple LaTeX, units (rl/math_equal.py)."""
-  from tunix_pw.rl import math_equal as math_lib  # pylint: disable=g-import-not-at-top (its helper, on first use)
   return float(math_lib.equal(math_lib.final_answer(sample.completion),
                               sample.answer))
 
 
 def _math_answer(text: str) -> str | None:
-  from tunix_pw.rl import math_equal as math_lib  # pylint: disable=g-import-not-at-top
   return math_lib.normalise(math_lib.final_answer(text)) or None
 
 
