@@ -20,13 +20,13 @@ for any text: calls are found by a linear scan, a call's body over
 `MAX_CALL_CHARS` is malformed, and nesting too deep for the parser (JSON's
 recursion, `ast`'s) is malformed too; `parse` raises nothing else.
 
-Tools reach the model through the chat template's `tools` variable where
-the template reads one (Llama 3.1, Qwen 3 and Gemma 3 checkpoints'
-templates); otherwise
-(the character tokenizer, SentencePiece Gemma, templates without tools) as
-a system message of one `name(argument: type, ...): description` line per
-tool and a line showing the call format, which Gemma's turns fold into the
-first user turn and the character tokenizer renders as `system: ...`.
+Tools reach the model through the chat template's `tools` variable where the
+template reads one (Llama 3.1, Qwen 3 and Gemma 3 checkpoints' templates);
+otherwise (the character tokenizer, SentencePiece Gemma, templates without
+tools) as a system message of one `name(argument: type, ...): description`
+line per tool and a line showing the call format, which Gemma's turns fold
+into the first user turn and the character tokenizer renders as `system:
+...`.
 """
 
 from __future__ import annotations
