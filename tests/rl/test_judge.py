@@ -2,6 +2,9 @@
 configured reward and counted (a scripted judge), and a real one grading a
 GRPO run through main."""
 
+import collections
+import json
+
 import numpy as np
 import pytest
 
@@ -54,24 +57,46 @@ def test_the_scorers_put_the_judges_scores_on_the_samples():
 
 
 def test_a_run_graded_by_a_judge(trained_sft, tmp_path):
-  """A trained SFT workdir judges GRPO's samples: every sample gets the
-  judge's score or the malformed reward, and the malformed ones are
-  counted."""
+  """A trained SFT workdir (an adder) judges GRPO's samples through a
+  template that ends with the sample's prompt (`a+b=`), on a scale of
+  100: every sample's reward is the judge's answer over 100, or the
+  malformed reward (-1) for an answer over 100 or with no number; the
+  malformed ones are counted, equal samples score alike (the judge is
+  greedy), and the scores follow the prompts the judge reads."""
   result, judge_dir = trained_sft
   assert result.returncode == 0, result.stderr[-3000:]
   result = helpers.run_main(
       '--config=tunix_pw/configs/grpo.py:runlocal', '--config.steps=2',
       '--config.rl.rewards=judge:1', f'--config.rl.judge={judge_dir}',
-      '--config.rl.judge_malformed=-1', '--config.eval_examples=0',
-      f'--workdir={tmp_path}')
+      '--config.rl.judge_template={completion}\n{prompt}',
+      '--config.rl.judge_scale=100', '--config.rl.judge_malformed=-1',
+      '--config.eval_examples=0', '--config.sample_every=1',
+      '--config.samples_per_log=8', f'--workdir={tmp_path}')
   assert result.returncode == 0, result.stderr[-3000:]
   logged = [m for m in metrics.read(str(tmp_path)) if 'loss' in m]
-  samples = 8 * 8
-  for m in logged:
-    assert 0 <= m['judge_malformed'] <= samples
-    assert -1.0 <= m['reward/judge'] <= 1.0
-    if m['judge_malformed'] == samples:
-      assert m['reward/judge'] == -1.0
+  logs = [json.loads(line) for line in
+          (tmp_path / 'samples.jsonl').read_text().splitlines()]
+  assert [m['step'] for m in logged] == [1, 2]
+  for m in logged:  # every prompt of the step logged: all 8 x 8 samples
+    scores = np.array([s['rewards'] for s in logs if s['step'] == m['step']])
+    assert scores.shape == (8, 8)
+    valid = scores[scores != -1.0]
+    assert ((valid >= 0) & (valid <= 1)).all(), scores
+    np.testing.assert_allclose(valid * 100, np.round(valid * 100), atol=1e-4)
+    assert m['judge_malformed'] == (scores == -1.0).sum()
+    assert m['reward/judge'] == pytest.approx(scores.mean(), abs=1e-6)
+  every = [(s['prompt'], c, r) for s in logs
+           for c, r in zip(s['completions'], s['rewards'])]
+  seen = {}
+  for prompt, completion, reward in every:
+    assert seen.setdefault((prompt, completion), reward) == reward, (
+        prompt, completion, seen[prompt, completion], reward)
+  scored = [r for _, _, r in every if r != -1.0]
+  assert len(scored) >= 16, every  # most answers are numbers up to 100
+  # The judge reads the prompt: the prompts' commonest scores differ.
+  commonest = {collections.Counter(s['rewards']).most_common(1)[0][0]
+               for s in logs}
+  assert len(commonest) >= 4, logs
 
 
 @pytest.mark.parametrize('flags, says', [
