@@ -2,9 +2,11 @@
 with num_iterations=2, dynamic sampling, LoRA syncing adapters only,
 bit-identical resume; weight sync makes the rollout engine the actor."""
 
+import collections
 import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from tests import helpers
 from tunix_pw.configs import common
 from tunix_pw.models import checkpoints, presets
 from tunix_pw.runtime import backend
+from tunix_pw.rl import rewards
 from tunix_pw.sampling.rollout import SamplingConfig
 from tunix_pw.sampling.sampler import Sampler
 from tunix_pw.train import metrics
@@ -325,23 +328,92 @@ def test_disaggregated_over_two_controllers_matches_one(tmp_path):
                                  err_msg=key)
 
 
-def test_a_mixture_scores_each_dataset_by_its_rewards(tmp_path):
+# Each held-out completion the evaluation draws, to $EVAL_LOG: one line per
+# call of evaluate.completions (greedy or sampled), its prompts and texts.
+RECORD_EVALUATION = '''
+import json, os, runpy, sys
+from tunix_pw.train import evaluate
+
+completions = evaluate.completions
+
+def recorded(engine, tokenizer, prompts, *args, **kwargs):
+  texts = completions(engine, tokenizer, prompts, *args, **kwargs)
+  sampling = args[2] if len(args) > 2 else kwargs.get('sampling')
+  with open(os.environ['EVAL_LOG'], 'a') as f:
+    f.write(json.dumps(dict(
+        sampled=sampling is not None, texts=texts,
+        prompts=[tokenizer.decode(p) for p in prompts])) + '\\n')
+  return texts
+
+evaluate.completions = recorded
+sys.argv = ['main'] + sys.argv[1:]
+runpy.run_module('tunix_pw.main', run_name='__main__')
+'''
+
+
+def test_a_mixture_scores_each_dataset_by_its_rewards(trained_sft, tmp_path):
   """Two datasets with their own rewards: per-dataset metrics, held-out
-  sets by name (pooled too) with pass@k and maj@k, and sample logs."""
-  result = run_grpo('runlocal,grpo,mix', *PULSE, '--config.eval_examples=8',
-                    '--config.eval_k=3', '--config.sample_every=1',
-                    '--config.samples_per_log=2', workdir=tmp_path)
+  sets by name (pooled too) with pass@k and maj@k, and sample logs.
+
+  The policy is the trained adder, sampled hot at evaluation so that its
+  samples disagree: each set's pass@5 and maj@5 (and greedy accuracy) are
+  recomputed from the completions the evaluation drew (n = k = 5 samples
+  of each of the set's own problems, judged by their last number)."""
+  result, sft = trained_sft
+  assert result.returncode == 0, result.stderr[-3000:]
+  k = 5
+  result = run_grpo('runlocal,grpo,mix', *PULSE, '--config.eval_examples=21',
+                    f'--config.eval_k={k}', '--config.eval_temperature=2.0',
+                    f'--config.model.checkpoint={sft}',
+                    '--config.sample_every=1', '--config.samples_per_log=2',
+                    workdir=tmp_path, wrapper=RECORD_EVALUATION,
+                    EVAL_LOG=str(tmp_path / 'evaluation.jsonl'))
   assert result.returncode == 0, result.stderr[-3000:]
   logged = metrics.read(str(tmp_path))
   steps = [m for m in logged if 'loss' in m]
   assert {'reward_mean/add', 'reward_mean/mul', 'accuracy/add',
           'reward/digits', 'reward/exact_answer'} <= set(steps[-1])
   assert 'accuracy/mul' not in steps[-1]  # its rewards have no exact answer
-  final = [m for m in logged if 'eval/accuracy' in m][-1]
-  assert final['eval/add/total'] == final['eval/mul/total'] == 8
-  assert final['eval/total'] == 16
-  for name in ('add', 'mul'):
-    assert 0 <= final[f'eval/{name}/maj@3'] <= final[f'eval/{name}/pass@3']
+  evals = [m for m in logged if 'eval/accuracy' in m]  # the start, the end
+  assert len(evals) == 2
+  final = evals[-1]
+  assert final['eval/add/total'] == final['eval/mul/total'] == 21
+  assert final['eval/total'] == 42
+  calls = [json.loads(line) for line in
+           (tmp_path / 'evaluation.jsonl').read_text().splitlines()]
+  # Per evaluation and set: its greedy completions, then its samples.
+  assert [c['sampled'] for c in calls] == [False, True] * 4
+  gaps = 0
+  for i, (greedy, drawn) in enumerate(zip(calls[::2], calls[1::2])):
+    logs = evals[i // 2]
+    prompts = greedy['prompts']
+    name = 'add' if '+' in prompts[0] else 'mul'
+    terms = [re.fullmatch(r'(\d\d)[+](\d\d)=' if name == 'add' else
+                          r'(\d)[*](\d)=', p) for p in prompts]
+    assert all(terms) and len(prompts) == 21, prompts  # the set's own
+    assert drawn['prompts'] == [p for p in prompts for _ in range(k)]
+    answers = [int(a) + int(b) if name == 'add' else int(a) * int(b)
+               for a, b in (t.groups() for t in terms)]
+    right = lambda text, answer: rewards.number(text) == answer
+    assert logs[f'eval/{name}/correct'] == sum(
+        map(right, greedy['texts'], answers))
+    samples = [drawn['texts'][j * k:(j + 1) * k] for j in range(21)]
+    pass_k = np.mean([any(right(t, a) for t in row)
+                      for row, a in zip(samples, answers)])
+    majority = []
+    for row, answer in zip(samples, answers):
+      votes = [v for v in map(rewards.number, row) if v is not None]
+      counts = collections.Counter(votes)
+      top = votes and max(counts.values())
+      majority.append(bool(votes) and next(
+          v for v in votes if counts[v] == top) == answer)
+    assert logs[f'eval/{name}/pass@{k}'] == pytest.approx(pass_k), name
+    assert logs[f'eval/{name}/maj@{k}'] == pytest.approx(
+        np.mean(majority)), name
+    gaps += pass_k > np.mean(majority)
+  # The adder's hot samples often hold a right answer that is not the
+  # commonest: maj@k apart from pass@k (a check that tells them apart).
+  assert gaps >= 1
   samples = [json.loads(line) for line in
              (tmp_path / 'samples.jsonl').read_text().splitlines()]
   assert [s['step'] for s in samples] == [1, 1, 2, 2]
