@@ -7,6 +7,7 @@ import json
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from tests import helpers
@@ -173,8 +174,9 @@ def test_on_policy_distillation_plan_holds_the_teacher():
 
 def test_feature_distillation_and_its_projection(tmp_path):
   """From a 6-layer Gemma 3 teacher, mean-pooled: the student's projection
-  is trained, never exported, and its workdir loads as a plain
-  checkpoint."""
+  is trained (the checkpoint's has left its start, the identity's corner,
+  off the diagonal too, which no decay could move), never exported, and
+  its workdir loads as a plain checkpoint."""
   result = helpers.run_main(DISTILL, *PULSE,
                             '--config.distill.strategy=feature',
                             '--config.distill.layers=1:2,3:5',
@@ -185,6 +187,17 @@ def test_feature_distillation_and_its_projection(tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   logged = [m for m in metrics.read(str(tmp_path / 'w')) if 'loss' in m]
   assert all(m['kd'] > 0 for m in logged)
+  path = str(tmp_path / 'w' / 'checkpoints' / '2' / 'state')
+  checkpointer = ocp.PyTreeCheckpointer()
+  params = checkpointer.restore(path, restore_args=jax.tree.map(
+      lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+      checkpointer.metadata(path).item_metadata.tree))['params']
+  projection = params['distill_projection']['value']
+  assert projection.shape == (2, 128, 128)  # mapped layers, D_s, D_t
+  # Adam's first step (learning rate 3e-3 at step 2, after a step of
+  # warmup at 0) moves every weight with a gradient by about 3e-3.
+  moved = np.abs(projection - np.eye(128)) > 1e-4
+  assert moved[:, ~np.eye(128, dtype=bool)].mean() > 0.5, moved.mean()
   exported = safetensors_io.SafetensorsDir(str(tmp_path / 'export')).names()
   assert not any('distill' in name for name in exported)
   again = helpers.run_main(
