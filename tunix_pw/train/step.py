@@ -99,7 +99,7 @@ def token_nll(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array,
 
 def make_step(graphdef: nnx.GraphDef, frozen: Any, loss_fn: LossFn,
               optimizer: optax.GradientTransformation, schedule: Callable,
-              num_micro_batches: int, param_shardings: Any = None):
+              num_micro_batches: int, state_shardings: Any = None):
   """`step(state, batch) -> (state, metrics)`, jitted.
 
   `loss_fn(model, micro_batch, rng) -> (loss_sum, sums)` sees the model
@@ -109,18 +109,21 @@ def make_step(graphdef: nnx.GraphDef, frozen: Any, loss_fn: LossFn,
   embed a closed-over base as constants. Its shapes suffice for
   `step.func.lower(state, batch, frozen=...)`.
 
-  `param_shardings` (the trainable parameters'): gradients are kept in them.
+  `state_shardings` (a TrainState of the state's shardings): gradients are
+  kept in its parameters' and the new state is laid out as the old one.
   Unconstrained, XLA may give the gradient buffers of scanned layers no
-  sharding, a whole model's gradients on every device under FSDP.
+  sharding (a whole model's gradients on every device under FSDP), and
+  the new state an equal layout spelled otherwise, which makes the next
+  step and the weight sync compile again.
 
   A step whose loss or gradient norm is not finite changes neither the
   parameters nor the optimizer state: metrics `skipped` (1) and
   `nonfinite_streak` (such steps in a row) say so."""
 
-  def constrain(grads):
-    if param_shardings is None:
-      return grads
-    return jax.lax.with_sharding_constraint(grads, param_shardings)
+  def constrain(tree, part=lambda s: s):
+    if state_shardings is None:
+      return tree
+    return jax.lax.with_sharding_constraint(tree, part(state_shardings))
 
   def compute(params, frozen, batch, rng):
     state = (params,) if frozen is None else (params, frozen)
@@ -130,8 +133,8 @@ def make_step(graphdef: nnx.GraphDef, frozen: Any, loss_fn: LossFn,
     rng = jax.random.wrap_key_data(state.rng)
     rng, step_rng = jax.random.split(rng)
     grads, loss, sums = _summed_over_micro_batches(
-        compute, constrain, state.params, frozen, batch, step_rng,
-        num_micro_batches)
+        compute, lambda g: constrain(g, lambda s: s.params), state.params,
+        frozen, batch, step_rng, num_micro_batches)
     weight = jnp.maximum(sums['weight'], 1.0)
     grads = jax.tree.map(lambda g: g / weight, grads)
     updates, opt_state = optimizer.update(grads, state.opt_state,
@@ -150,7 +153,7 @@ def make_step(graphdef: nnx.GraphDef, frozen: Any, loss_fn: LossFn,
     new = TrainState(state.step + 1, keep(params, state.params),
                      keep(opt_state, state.opt_state),
                      jax.random.key_data(rng), nonfinite)
-    return new, metrics
+    return constrain(new), metrics
 
   return functools.partial(jax.jit(step, donate_argnums=0), frozen=frozen)
 
