@@ -44,14 +44,19 @@ def test_grpo_gemma3_1b_fits_a_v5e_16(tmp_path):
   assert (report['devices'], report['chips'], report['hbm_per_device']) == (
       16, 16, 16 * GIB)
   assert report['fits'] and 0 < report['peak_per_device'] <= 16 * GIB
-  assert set(report['programs']) == {'train step', 'rollout',
-                                     'weight sync in', 'weight sync out',
-                                     'reference logps'}
+  assert set(report['programs']) == {
+      'train step', 'rollout', 'weight sync in', 'weight sync out',
+      'reference logps', 'reference copy in', 'reference copy out',
+      'log-probabilities to actor in', 'log-probabilities to actor out'}
   # Actor and rollout have 8 devices each: the sync's source side needs no
   # coarsening program, the target side one relayout per parameter.
   counts = {k: p['count'] for k, p in report['programs'].items()}
-  assert counts == {'train step': 1, 'rollout': 1, 'weight sync in': 57,
-                    'weight sync out': 0, 'reference logps': 1}
+  # The train step, its finite check and the preset's random init.
+  assert counts == {'train step': 3, 'rollout': 1, 'weight sync in': 57,
+                    'weight sync out': 0, 'reference logps': 1,
+                    'reference copy in': 106, 'reference copy out': 0,
+                    'log-probabilities to actor in': 1,
+                    'log-probabilities to actor out': 0}
   # Default layout: actor (+ reference) on chips 0-7, rollout on 8-15.
   groups = {tuple(g['roles']): g for g in report['groups']}
   actor, rollout = groups[('actor', 'reference')], groups[('rollout',)]
@@ -108,8 +113,11 @@ def test_dpo_compiles_its_train_step_and_reference(tmp_path, algorithm):
       f'--workdir={tmp_path}', timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   report = json.loads((tmp_path / 'compile_report.json').read_text())
+  # The train step, its finite check and the preset's random init; the
+  # reference's train and held-out passes, and its copy of the policy.
   assert {k: p['count'] for k, p in report['programs'].items()} == {
-      'train step': 1, 'reference logps': 1}
+      'train step': 3, 'reference logps': 2, 'evaluation': 1,
+      'reference copy in': 80, 'reference copy out': 0}
   [group] = report['groups']
   assert group['roles'] == ['actor', 'reference']
   resident = group['resident']
@@ -120,15 +128,15 @@ def test_dpo_compiles_its_train_step_and_reference(tmp_path, algorithm):
 
 
 @pytest.mark.parametrize('algorithm, lora, phases, resident', [
-    ('dpo', 0, ['train step', 'reference logps'],
+    ('dpo', 0, ['train step', 'evaluation', 'reference logps'],
      {'params', 'optimizer', 'reference'}),
     # A LoRA policy's reference is its own frozen base: no second copy.
-    ('dpo', 4, ['train step', 'reference logps'],
+    ('dpo', 4, ['train step', 'evaluation', 'reference logps'],
      {'params', 'optimizer', 'frozen base'}),
-    ('orpo', 0, ['train step'], {'params', 'optimizer'}),
-    ('kto', 0, ['train step', 'reference logps'],
+    ('orpo', 0, ['train step', 'evaluation'], {'params', 'optimizer'}),
+    ('kto', 0, ['train step', 'evaluation', 'reference logps'],
      {'params', 'optimizer', 'reference'}),
-    ('kto', 4, ['train step', 'reference logps'],
+    ('kto', 4, ['train step', 'evaluation', 'reference logps'],
      {'params', 'optimizer', 'frozen base'}),
 ])
 def test_dpo_plan_by_algorithm_and_lora(algorithm, lora, phases, resident):
@@ -231,15 +239,16 @@ def test_a_shared_critic_is_resident_beside_the_actor():
 
 
 def test_reward_model_plan_counts_its_value_model():
-  """The reward model's train step on pairs of full-length rows compiles;
-  its parameters and optimizer state are resident."""
+  """The reward model's train step on pairs of full-length rows and its
+  held-out margins compile; its parameters and optimizer state are
+  resident."""
   config = rm_config.get_config('runlocal')
   plan = reward_model.compile_plan(config, meshes.build(config.meshes,
                                                         jax.devices()))
-  assert [p.name for p in plan.phases] == ['train step']
+  assert [p.name for p in plan.phases] == ['train step', 'evaluation']
   assert set(plan.resident['actor']) == {'params', 'optimizer'}
-  [phase] = plan.phases
-  assert phase.compile()  # lowers and compiles on these CPU devices
+  for phase in plan.phases:
+    assert phase.compile()  # lowers and compiles on these CPU devices
 
 
 def test_libtpu_cannot_compile_a_program_without_slice_0():

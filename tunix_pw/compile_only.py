@@ -31,7 +31,7 @@ from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints, decoder
 from tunix_pw.runtime import (backend, meshes as meshes_lib, reshard,
                               sharding, topology)
-from tunix_pw.train import scoring, setup
+from tunix_pw.train import loop, scoring, setup
 from tunix_pw import workdir as workdir_lib
 
 @dataclasses.dataclass
@@ -56,39 +56,52 @@ class Phase:
 
 
 @dataclasses.dataclass(frozen=True)
-class Sync:
-  """A weight sync: the actor's `params` to `targets` (the rollout's
-  shardings), in the run's groups and in-flight bound."""
+class Transfer:
+  """Arrays moved from one role's layout to another's, in the run's groups
+  and in-flight bound: the weight sync (actor -> rollout), the reference's
+  copy of the initial policy, log-probabilities onto the actor."""
 
-  params: Any  # ShapeDtypeStructs with shardings
-  targets: Any
+  name: str
+  sources: Any  # ShapeDtypeStructs with shardings
+  targets: Any  # the same, in the destination's shardings
   budget: reshard.Budget
+  roles: tuple[str, str] = ('actor', 'rollout')  # from, to
+  # The destination holds the incoming copy beside the one it replaces (a
+  # weight sync: the engine serves the old weights until the new land).
+  held: bool = False
 
 
 @dataclasses.dataclass
 class Plan:
   resident: dict[str, dict[str, int]]  # role -> item -> bytes per device
   phases: list[Phase]
-  sync: Sync | None = None  # compiled as the backend's rung would move it
+  transfers: list[Transfer] = dataclasses.field(default_factory=list)
+
+  def all_phases(self, runtime: backend.Runtime) -> list[Phase]:
+    """The phases, then each transfer's programs as the backend's rung
+    would move it."""
+    return self.phases + [phase for t in self.transfers
+                          for phase in transfer_phases(t, runtime)]
 
 
-def sync_phases(sync: Sync, runtime: backend.Runtime) -> list[Phase]:
-  """The weight sync's programs on each side (the rung the backend's run
-  would take, reshard.compile_relayouts); the engine serves the old weights
-  until the new ones have landed."""
-  leaves, targets = jax.tree.leaves(sync.params), jax.tree.leaves(
-      sync.targets)
+def transfer_phases(transfer: Transfer,
+                    runtime: backend.Runtime) -> list[Phase]:
+  """A transfer's programs on each side (the rung the backend's run would
+  take, reshard.compile_relayouts)."""
+  leaves = jax.tree.leaves(transfer.sources)
+  targets = jax.tree.leaves(transfer.targets)
 
   def programs(side):
     return lambda: reshard.compile_relayouts(
         leaves, [x.sharding for x in targets], runtime,
-        sync.budget.group_bytes)[side]
+        transfer.budget.group_bytes)[side]
 
-  return [Phase('weight sync in', 'rollout', programs('target'),
-                held=per_device(sync.targets),
-                inflight=sync.budget.max_inflight),
-          Phase('weight sync out', 'actor', programs('source'),
-                inflight=sync.budget.max_inflight)]
+  source, target = transfer.roles
+  return [Phase(f'{transfer.name} in', target, programs('target'),
+                held=per_device(transfer.targets) if transfer.held else 0,
+                inflight=transfer.budget.max_inflight),
+          Phase(f'{transfer.name} out', source, programs('source'),
+                inflight=transfer.budget.max_inflight)]
 
 
 def per_device(tree: Any) -> int:
@@ -137,6 +150,13 @@ def abstract_frozen(block: Any, mesh: Any, rules: Any) -> nnx.Module:
   return nnx.merge(graphdef, on_mesh(state, mesh, rules))
 
 
+def init_programs(block: Any, seed: int, mesh: Any, rules: Any) -> list[Any]:
+  """The program that draws the initial parameters of the model a block
+  names, compiled, when it has no checkpoint (`setup.init_program`)."""
+  init = setup.init_program(block, seed=seed, mesh=mesh, rules=rules)
+  return [init.lower().compile()] if init else []
+
+
 def on_mesh(state: nnx.State, mesh: Any, rules: Any) -> nnx.State:
   """Abstract parameters placed on `mesh` by their logical axes."""
   return with_shardings(state, checkpoints.param_shardings(state, mesh, rules))
@@ -152,36 +172,51 @@ def batch_on(mesh: Any, rules: Any,
 
 def train_phase(train_step: Any, state: Any, frozen: Any,
                 batch: dict[str, Any], name: str = 'train step',
-                role: str = 'actor') -> Phase:
-  """A train step (made by `train.step.make_step`) on `batch`."""
-  return Phase(name, role,
-               lambda: [train_step.func.lower(state, batch,
-                                              frozen=frozen).compile()],
+                role: str = 'actor', init: Any = None) -> Phase:
+  """A train step (made by `train.step.make_step`) on `batch`, the check
+  that its parameters are finite before a checkpoint, and the program
+  `init` that draws the initial parameters (a preset's random init)."""
+  return Phase(name, role, lambda: [
+      train_step.func.lower(state, batch, frozen=frozen).compile(),
+      loop.all_finite.lower(state.params).compile()] + (
+          [init.lower().compile()] if init else []),
                resident_args=per_device((state, frozen)))
 
 
 def logps_phase(name: str, meshes: Any, mesh: Any, full_state: nnx.State,
                 rules: Any, lower: Callable[[Any, nnx.State], Any]) -> Phase:
   """A forward pass of the whole model (`full_state` placed on `mesh` by
-  `rules`); `lower(mesh, state)` lowers the job's program."""
+  `rules`); `lower(mesh, state)` lowers the job's program (or a list of
+  them)."""
   state = on_mesh(full_state, mesh, rules)
   role = next(r for r, m in meshes.by_role.items() if m is mesh)
-  return Phase(name, role, lambda: [lower(mesh, state).compile()],
-               resident_args=per_device(state))
+
+  def compile_all():
+    lowered = lower(mesh, state)
+    return [x.compile() for x in (
+        lowered if isinstance(lowered, list) else [lowered])]
+
+  return Phase(name, role, compile_all, resident_args=per_device(state))
 
 
 def reference_phase(config: Any, meshes: Any, full_state: nnx.State,
                     lower: Callable[[Any, nnx.State], Any],
-                    resident: dict[str, dict[str, int]]) -> Phase:
-  """The frozen reference's log-probabilities on its mesh. Its copy of the
-  model joins its role's `resident` state, unless it is a LoRA policy's own
-  frozen base (resident already)."""
-  phase = logps_phase('reference logps', meshes,
-                      scoring.reference_mesh(config, meshes), full_state,
+                    plan: Plan) -> None:
+  """The frozen reference's log-probabilities on its mesh, added to
+  `plan`. Unless it is a LoRA policy's own frozen base (resident already),
+  its copy of the initial policy joins its role's resident state, and the
+  copy's programs join the plan's transfers."""
+  mesh = scoring.reference_mesh(config, meshes)
+  phase = logps_phase('reference logps', meshes, mesh, full_state,
                       config.sharding, lower)
+  plan.phases.append(phase)
   if not config.lora.rank:
-    resident.setdefault(phase.role, {})['reference'] = phase.resident_args
-  return phase
+    plan.resident.setdefault(phase.role, {})['reference'] = (
+        phase.resident_args)
+    plan.transfers.append(Transfer(
+        'reference copy', full_state,
+        on_mesh(full_state, mesh, config.sharding),
+        reshard.Budget.from_block(config.runtime), ('actor', phase.role)))
 
 
 def actor_resident(state: Any, frozen: Any) -> dict[str, int]:
@@ -325,8 +360,7 @@ def check(config: Any, job: Any, tpu_type: str, num_slices: int,
 
   plan = job.compile_plan(config, meshes)
   measured = []
-  for phase in plan.phases + (sync_phases(plan.sync, runtime) if plan.sync
-                              else []):
+  for phase in plan.all_phases(runtime):
     print(f'compiling {phase.name} on {phase.role} ...', flush=True)
     measured.append(_measure(phase))
 

@@ -197,25 +197,38 @@ def target_shapes(config: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
 
 def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
   """The student's train step on full `max_length` rows with the
-  teacher's outputs, and the teacher's forward pass on its mesh (its
-  weights resident there), from shapes."""
+  teacher's outputs (laid out as the run gets them), the teacher's forward
+  pass on its mesh (its weights resident there) and, from another mesh,
+  the outputs' move onto the actor's, from shapes."""
   policy = plan(config, meshes, abstract=True)
   rows = (config.batch_size, config.data.max_length)
   tokens = {k: (rows, np.int32)
             for k in ('tokens', 'positions', 'segment_ids', 'loss_mask')}
-  rules = config.sharding
-  teacher = compile_only.abstract_frozen(config.teacher, teacher_mesh(meshes),
-                                         rules)
+  rules, mesh = config.sharding, teacher_mesh(meshes)
+  teacher = compile_only.abstract_frozen(config.teacher, mesh, rules)
+  state = compile_only.on_mesh(nnx.state(teacher), mesh, rules)
+  compiled = teacher_program(config, nnx.graphdef(teacher), mesh).lower(
+      state, compile_only.batch_on(mesh, rules, tokens)).compile()
+  phase = compile_only.Phase(
+      'teacher outputs', next(r for r, m in meshes.by_role.items()
+                              if m is mesh),
+      lambda: [compiled] + compile_only.init_programs(
+          config.teacher, config.seed, mesh, rules),
+      resident_args=compile_only.per_device(state))
   resident = {'actor': program.resident(policy)}
-  phase = compile_only.logps_phase(
-      'teacher outputs', meshes, teacher_mesh(meshes), nnx.state(teacher),
-      rules, lambda mesh, state: teacher_program(
-          config, nnx.graphdef(teacher), mesh).lower(
-              state, compile_only.batch_on(mesh, rules, tokens)))
   resident.setdefault(phase.role, {})['teacher'] = phase.resident_args
+  outputs = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=s) for (
+      k, (shape, dtype)), s in zip(sorted(target_shapes(config).items()),
+                                   jax.tree.leaves(compiled.output_shardings))}
+  targets = outputs if mesh is policy.mesh else compile_only.batch_on(
+      policy.mesh, rules, target_shapes(config))
   return compile_only.Plan(resident, [
-      program.train_phase(policy, compile_only.batch_on(
-          policy.mesh, rules, {**tokens, **target_shapes(config)})), phase])
+      program.train_phase(policy, {**compile_only.batch_on(
+          policy.mesh, rules, tokens), **targets}), phase], [] if (
+              mesh is policy.mesh) else [compile_only.Transfer(
+                  "the teacher's outputs", outputs, targets,
+                  reshard.Budget.from_block(config.runtime),
+                  (phase.role, 'actor'))])
 
 
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,

@@ -143,31 +143,45 @@ def make_logps(config: Any, graphdef: Any, mesh: Any,
 
 
 def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
-  """The train step and the reference's log-probabilities from shapes,
-  for compile-only checks (pairs of full `max_length` rows)."""
+  """The train step, the reference's log-probabilities and the held-out
+  evaluation's from shapes, for compile-only checks (pairs of full
+  `max_length` rows)."""
   rules, algorithm = config.sharding, config.dpo.algorithm
   policy = plan(config, meshes, abstract=True)
   # A KTO batch of pairs holds both sides of each as examples.
   rows = config.batch_size * (2 if algorithm == 'kto' and
                               config.data.name in PAIRED else 1)
-  shape, names = (rows, config.data.max_length), sides(algorithm)
-  pairs = {f'{side}_{key}': (shape, np.int32) for side in names
-           for key in ('tokens', 'positions', 'segment_ids', 'loss_mask')}
+  names = sides(algorithm)
+
+  def batch(count: int, names: tuple[str, ...] = names) -> dict[str, Any]:
+    return {f'{side}_{key}': ((count, config.data.max_length), np.int32)
+            for side in names
+            for key in ('tokens', 'positions', 'segment_ids', 'loss_mask')}
+
+  pairs = batch(rows)
   if algorithm == 'kto':
     pairs['desirable'] = ((rows,), np.float32)
   references = {} if algorithm == 'orpo' else {
       f'ref_{side}': ((rows,), np.float32) for side in names}
-  phases = [program.train_phase(policy, compile_only.batch_on(
-      policy.mesh, rules, {**pairs, **references}))]
-  resident = {'actor': program.resident(policy)}
+  full_state = nnx.state(policy.model())
+  out = compile_only.Plan(
+      {'actor': program.resident(policy)},
+      [program.train_phase(policy, compile_only.batch_on(
+          policy.mesh, rules, {**pairs, **references})),
+       compile_only.logps_phase(
+           'evaluation', meshes, policy.mesh, full_state, rules,
+           lambda mesh, state: make_logps(
+               config, policy.full_graphdef, mesh).lower(
+                   state, compile_only.batch_on(mesh, rules, batch(
+                       config.eval_batch_size, SIDES))))])
   if references:
-    phases.append(compile_only.reference_phase(
-        config, meshes, nnx.state(policy.model()),
-        lambda ref_mesh, ref_state: make_logps(
-            config, policy.full_graphdef, ref_mesh, names).lower(
-                ref_state, compile_only.batch_on(ref_mesh, rules, pairs)),
-        resident))
-  return compile_only.Plan(resident, phases)
+    def lower(mesh, state):  # the train batch's sides, held-out pairs
+      return [make_logps(config, policy.full_graphdef, mesh, sides_).lower(
+          state, compile_only.batch_on(mesh, rules, shapes))
+              for sides_, shapes in ((names, pairs), (SIDES, batch(
+                  config.eval_batch_size, SIDES)))]
+    compile_only.reference_phase(config, meshes, full_state, lower, out)
+  return out
 
 
 def pair_pipeline(config: Any, source: Any, name: str, tokenizer: Any,

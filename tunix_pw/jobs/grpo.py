@@ -335,15 +335,16 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
   resident = {'actor': program.resident(policy),
               'rollout': {'rollout copy': compile_only.per_device(
                   nnx.state(rollout_model))}}
+  out = compile_only.Plan(resident, plan_phases, [compile_only.Transfer(
+      'weight sync', policy.params,
+      compile_only.on_mesh(policy.params, rollout_mesh, rules),
+      programs.sync, held=True)])
   if 'old_logps' in programs.needed:
     plan_phases.append(compile_only.logps_phase(
         'old logps', meshes, policy.mesh, full_state, rules, lower_logps))
   if rl.advantage == phases.DISTILL:
     plan_phases.append(plan_lib.teacher_phase(config, meshes, resident))
   elif 'ref_logps' in programs.needed:
-    plan_phases.append(compile_only.reference_phase(
-        config, meshes, full_state, lower_logps, resident))
-  return compile_only.Plan(resident, plan_phases, compile_only.Sync(
-      policy.params, compile_only.on_mesh(policy.params, rollout_mesh, rules),
-      programs.sync))
-
+    compile_only.reference_phase(config, meshes, full_state, lower_logps, out)
+  out.transfers.append(plan_lib.to_actor_transfer(config, meshes, programs))
+  return out

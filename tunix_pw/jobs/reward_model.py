@@ -81,7 +81,9 @@ def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
       model, mesh, functools.partial(loss, shard=Sharder(mesh, rules)),
       use_lora=False, optimizer=config.optimizer, seed=config.seed,
       micro_batches=config.micro_batches, total_updates=config.steps,
-      abstract=abstract, unroll_on_cpu=config.model.unroll_cpu_train)
+      abstract=abstract, unroll_on_cpu=config.model.unroll_cpu_train,
+      init=setup.init_program(config.model, seed=config.seed, mesh=mesh,
+                              rules=rules))
 
 
 def pairs(config: Any, source: Any, tokenizer: Any, runtime: Any, *,
@@ -123,13 +125,23 @@ def pairwise_accuracy(config: Any, margins: Any, mesh: Any, params: Any,
 
 
 def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
-  """The train step on pairs of full `max_length` rows, from shapes."""
+  """The train step on pairs of full `max_length` rows and the held-out
+  margins on evaluation batches, from shapes."""
   model_program = plan(config, meshes, abstract=True)
-  shape = (config.batch_size, config.data.max_length)
-  batch = compile_only.batch_on(model_program.mesh, config.sharding, {
-      f'{side}_{key}': (shape, jnp.int32) for side in SIDES for key in KEYS})
-  return compile_only.Plan({'actor': program.resident(model_program)},
-                           [program.train_phase(model_program, batch)])
+  mesh, rules = model_program.mesh, config.sharding
+
+  def pairs_of(rows: int) -> dict[str, Any]:
+    return compile_only.batch_on(mesh, rules, {
+        f'{side}_{key}': ((rows, config.data.max_length), jnp.int32)
+        for side in SIDES for key in KEYS})
+
+  margins = margins_program(config, model_program)
+  return compile_only.Plan({'actor': program.resident(model_program)}, [
+      program.train_phase(model_program, pairs_of(config.batch_size)),
+      compile_only.Phase('evaluation', 'actor', lambda: [margins.lower(
+          model_program.params, pairs_of(config.eval_batch_size)).compile()],
+                         resident_args=compile_only.per_device(
+                             model_program.params))])
 
 
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,

@@ -110,25 +110,35 @@ ONE_DEVICE_INIT_BYTES = 1 << 30
 
 def init(cfg: ModelConfig, seed: int = 0, *, mesh: Mesh | None = None,
          rules: Any = None, **model_kwargs) -> decoder.Decoder:
-  """A randomly initialised model in its shardings. Up to
-  ONE_DEVICE_INIT_BYTES of parameters on a mesh of this process, it is
-  created on the default device and then placed: its program is then the
+  """A randomly initialised model in its shardings (`init_program`)."""
+  graphdef = nnx.graphdef(decoder.abstract(cfg, **model_kwargs))
+  create, shardings = init_program(cfg, seed, mesh=mesh, rules=rules,
+                                   **model_kwargs)
+  if shardings is None:
+    return nnx.merge(graphdef, create())
+  # Through the host: a device-to-device placement compiles a program per
+  # array and sharding.
+  return nnx.merge(graphdef, jax.device_put(jax.device_get(create()),
+                                            shardings))
+
+
+def init_program(cfg: ModelConfig, seed: int = 0, *, mesh: Mesh | None = None,
+                 rules: Any = None, **model_kwargs) -> tuple[Any, Any]:
+  """The jitted program that draws a model's initial parameters, and the
+  shardings they are then placed in through the host (None: it makes
+  them in place). Up to ONE_DEVICE_INIT_BYTES of parameters on a mesh of
+  this process, it runs on the default device: its program is then the
   same whatever the mesh, one entry of the compilation cache for every job
   of the model (random values do not depend on where they are drawn).
   Larger models are created directly in their shardings."""
-  graphdef, state = nnx.split(decoder.abstract(cfg, **model_kwargs))
-  out = None
-  if mesh is not None:
-    out = param_shardings(state, mesh, rules)
+  state = nnx.state(decoder.abstract(cfg, **model_kwargs))
+  out = None if mesh is None else param_shardings(state, mesh, rules)
   create = lambda: nnx.split(decoder.Decoder(
       cfg, rngs=nnx.Rngs(seed), **model_kwargs))[1]
   size = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
   if out is None or mesh.is_multi_process or size > ONE_DEVICE_INIT_BYTES:
-    return nnx.merge(graphdef, jax.jit(create, out_shardings=out)())
-  # Through the host: a device-to-device placement compiles a program per
-  # array and sharding.
-  return nnx.merge(graphdef, jax.device_put(jax.device_get(
-      jax.jit(create)()), out))
+    return jax.jit(create, out_shardings=out), None
+  return jax.jit(create), out
 
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}

@@ -81,7 +81,9 @@ def build(config: Any, meshes: Any, *, abstract: bool) -> program.Program:
       use_lora=False, optimizer=config.critic.optimizer, seed=config.seed,
       micro_batches=rl.mini_batch_size // rl.micro_batch_size,
       total_updates=plan_lib.total_updates(config), abstract=abstract,
-      unroll_on_cpu=model_block(config).unroll_cpu_train)
+      unroll_on_cpu=model_block(config).unroll_cpu_train,
+      init=setup.init_program(model_block(config), seed=config.seed, mesh=on,
+                              rules=config.sharding))
 
 
 def values_program(config: Any, critic: program.Program):

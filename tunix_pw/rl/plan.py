@@ -156,13 +156,13 @@ def rollout_phase(config: Any, rollout_model: Any,
   """The rollout engine's program for one step's samples."""
   rl = config.rl
   sampler = Sampler(rollout_model, pad_id=0, eos_ids=(1,), mesh=rollout_mesh,
-                    rules=config.sharding)
+                    rules=config.sharding, decode_chunk=rl.decode_chunk)
   sampling = dataclasses.replace(phases.sampling(rl),
                                  generations=rl.num_generations)
   return compile_only.Phase(
       'rollout', 'rollout',
-      lambda: [sampler.lower(rl.prompts_per_step, rl.max_prompt_length,
-                             sampling).compile()],
+      lambda: sampler.programs(rl.prompts_per_step, rl.max_prompt_length,
+                               sampling),
       resident_args=compile_only.per_device(nnx.state(rollout_model)),
       note=lambda: 'KV cache ' + compile_only.size(sampler.cache_bytes(
           rl.prompts_per_step, rl.max_prompt_length, sampling)))
@@ -183,4 +183,26 @@ def teacher_phase(config: Any, meshes: meshes_lib.RoleMeshes,
                   config, config.rl.logps_micro_batch_size, mesh,
                   phases.SEQUENCES)))
   resident.setdefault(phase.role, {})['teacher'] = phase.resident_args
-  return phase
+  return dataclasses.replace(phase, compile=lambda: phase.compile() + (
+      compile_only.init_programs(config.teacher, config.seed, mesh, rules)))
+
+
+def to_actor_transfer(config: Any, meshes: meshes_lib.RoleMeshes,
+                      programs: Plan) -> compile_only.Transfer:
+  """The log-probabilities (and a teacher's outputs) an update needs,
+  from the mesh that computed them onto the actor's (`phases.to_actor`)."""
+  rl, rules, actor = config.rl, config.sharding, programs.policy.mesh
+  count = rl.prompts_per_step * rl.num_generations
+  length = rl.max_prompt_length + rl.max_new_tokens - 1
+  source = {k: scoring.reference_mesh(config, meshes) if k == 'ref_logps'
+            else actor for k in programs.needed if k != 'is_weights'}
+  shapes = {k: ((count, length), np.float32) for k in source}
+  if rl.advantage == phases.DISTILL:
+    shapes.update(teacher_shapes(config, count))
+    source.update({k: source['ref_logps'] for k in shapes})
+  sources = {k: compile_only.batch_on(source[k], rules, {k: v})[k]
+             for k, v in shapes.items()}
+  targets = compile_only.batch_on(actor, rules, shapes)
+  return compile_only.Transfer(
+      'log-probabilities to actor', sources, targets, programs.sync,
+      (next(r for r, m in meshes.by_role.items() if m is actor), 'actor'))

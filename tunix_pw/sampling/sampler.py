@@ -180,6 +180,27 @@ class Sampler:
                                 generations=sampling.generations,
                                 **self._statics(sampling))
 
+  def programs(self, batch: int, prompt_length: int,
+               sampling: SamplingConfig) -> list[Any]:
+    """What `generate` compiles for such a call, compiled from shapes:
+    the generate program, or with `decode_chunk` the prefill and the
+    decode chunk."""
+    if not self.decode_chunk:
+      return [self.lower(batch, prompt_length, sampling).compile()]
+    prompt_len, cache_size = self._sizes(prompt_length, sampling)
+    rows = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32,
+                                sharding=self._batch_sharding(
+                                    (batch, prompt_len)))
+    max_new, stops, temperature, top_p, key = self._scalars(sampling)
+    start = self._prefill.lower(
+        self.params, rows, rows, rows, key, cache_size=cache_size,
+        generations=sampling.generations).compile()
+    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=x.sharding), start.out_info)
+    return [start, self._decode_chunk.lower(
+        self.params, state, np.int32(0), max_new, stops, temperature, top_p,
+        cache_size=cache_size, **self._statics(sampling)).compile()]
+
   def cache_bytes(self, batch: int, prompt_length: int,
                   sampling: SamplingConfig) -> int:
     """Bytes per device of the KV cache `lower`'s program allocates."""

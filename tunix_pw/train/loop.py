@@ -25,7 +25,7 @@ from tunix_pw.train.step import TrainState
 
 
 @jax.jit
-def _all_finite(tree: Any) -> jax.Array:
+def all_finite(tree: Any) -> jax.Array:
   """Whether every element of `tree` is finite: one program (per-leaf eager
   checks would compile and dispatch two small programs for each leaf)."""
   return jnp.all(jnp.stack([jnp.isfinite(x).all()
@@ -119,7 +119,7 @@ class Session:
     `data_state`, where a step began); never of non-finite parameters."""
     trained = jax.tree.leaves(self.state, is_leaf=lambda x: isinstance(
         x, TrainState))  # PPO's policy and critic, each on its mesh
-    if not all(fetch([_all_finite(s.params) for s in trained])):
+    if not all(fetch([all_finite(s.params) for s in trained])):
       raise UsageError(f'the parameters at step {step} hold NaN or inf: not '
                        'checkpointing them (the last checkpoint is kept).')
     with self.goodput.lost('checkpoints'):

@@ -38,6 +38,7 @@ class Program:
   frozen: nnx.State | None  # the rest (a LoRA base), or None
   state: step_lib.TrainState
   train_step: Any  # step(state, batch) -> (state, metrics); `.func` lowers
+  init: Any = None  # the random init's program (setup.init_program)
 
   def model(self, params: nnx.State | None = None) -> nnx.Module:
     """The whole model with `params` (default: the initial ones)."""
@@ -57,17 +58,21 @@ def build(config: Any, mesh: Any, loss_fn: LossFn, *, micro_batches: int,
                     optimizer=config.optimizer, seed=config.seed,
                     micro_batches=micro_batches, total_updates=total_updates,
                     abstract=abstract,
-                    unroll_on_cpu=config.model.unroll_cpu_train)
+                    unroll_on_cpu=config.model.unroll_cpu_train,
+                    init=setup.init_program(config.model, seed=config.seed,
+                                            mesh=mesh, rules=config.sharding))
 
 
 def from_model(model: nnx.Module, mesh: Any, loss_fn: LossFn, *,
                use_lora: bool, optimizer: Any, seed: int, micro_batches: int,
                total_updates: int, abstract: bool,
-               unroll_on_cpu: bool) -> Program:
+               unroll_on_cpu: bool, init: Any = None) -> Program:
   """A trained `model` (arrays, or shapes with shardings when `abstract`)
   on `mesh`, its optimizer (an optimizer block) and train step; with
   `unroll_on_cpu`, a step on CPU devices runs the layers unscanned
-  (`decoder.unrolled`; the other programs keep the scan)."""
+  (`decoder.unrolled`; the other programs keep the scan). `init`: the
+  program that drew its initial parameters (setup.init_program), for
+  compile-only checks."""
   graphdef, params, frozen = setup.split(model, use_lora)
   transform, schedule = optim.make(optimizer, total_updates)
   state = (step_lib.TrainState.abstract(params, transform) if abstract else
@@ -76,9 +81,9 @@ def from_model(model: nnx.Module, mesh: Any, loss_fn: LossFn, *,
     loss_fn = functools.partial(_unrolled, loss_fn)
   train_step = step_lib.make_step(
       graphdef, frozen, loss_fn, transform, schedule, micro_batches,
-      jax.tree.map(lambda x: x.sharding, params))
+      jax.tree.map(lambda x: x.sharding, state))
   return Program(mesh, graphdef, nnx.graphdef(model), params, frozen, state,
-                 train_step)
+                 train_step, init)
 
 
 def _unrolled(loss_fn: LossFn, model: nnx.Module, *args: Any) -> Any:
@@ -90,7 +95,8 @@ def train_phase(program: Program, batch: dict[str, Any],
   """The compile-only phase of `program`'s train step on `batch`
   (shapes); `where`: its name and role (default: the actor's)."""
   return compile_only.train_phase(program.train_step, program.state,
-                                  program.frozen, batch, **where)
+                                  program.frozen, batch, init=program.init,
+                                  **where)
 
 
 def resident(program: Program) -> dict[str, int]:

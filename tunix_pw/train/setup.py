@@ -122,6 +122,16 @@ def model_from_block(block: Any, *, seed: int, mesh: Any,
   return model, cfg
 
 
+def init_program(block: Any, *, seed: int, mesh: Any, rules: Any) -> Any:
+  """The program that draws the initial parameters of the model a block
+  names when it has no checkpoint (`checkpoints.init_program`), or None."""
+  if block.checkpoint:
+    return None
+  return checkpoints.init_program(architecture(block), seed, mesh=mesh,
+                                  rules=rules,
+                                  **checkpoints.model_kwargs(block))[0]
+
+
 def policy(config: Any, mesh: Any,
            rules: Any = None) -> tuple[Decoder, ModelConfig]:
   """The model of `config.model`, on `mesh`, with LoRA adapters (and an int8
