@@ -45,15 +45,17 @@ def test_grpo_gemma3_1b_fits_a_v5e_16(tmp_path):
       16, 16, 16 * GIB)
   assert report['fits'] and 0 < report['peak_per_device'] <= 16 * GIB
   assert set(report['programs']) == {
-      'train step', 'rollout', 'weight sync in', 'weight sync out',
-      'reference logps', 'reference copy in', 'reference copy out',
-      'log-probabilities to actor in', 'log-probabilities to actor out'}
+      'train step', 'rollout', 'evaluation', 'weight sync in',
+      'weight sync out', 'reference logps', 'reference copy in',
+      'reference copy out', 'log-probabilities to actor in',
+      'log-probabilities to actor out'}
   # Actor and rollout have 8 devices each: the sync's source side needs no
   # coarsening program, the target side one relayout per parameter.
   counts = {k: p['count'] for k, p in report['programs'].items()}
   # The train step, its finite check and the preset's random init.
-  assert counts == {'train step': 3, 'rollout': 1, 'weight sync in': 57,
-                    'weight sync out': 0, 'reference logps': 1,
+  assert counts == {'train step': 3, 'rollout': 1, 'evaluation': 1,
+                    'weight sync in': 57, 'weight sync out': 0,
+                    'reference logps': 1,
                     'reference copy in': 106, 'reference copy out': 0,
                     'log-probabilities to actor in': 1,
                     'log-probabilities to actor out': 0}

@@ -14,12 +14,10 @@ import pytest
 from tests import helpers
 
 RUNLOCAL = 'tunix_pw/configs/{}.py:runlocal'
-# Two steps. Not in the plans yet, so left out here: generation for
-# evaluation and an agent's turns (their prompt buckets follow the data),
-# a reward model's and a judge's programs. DPO's and the reward model's
-# own evaluations run at the end and are in them.
+# Two steps and the final evaluation. Not in the plans yet, so left out
+# here: an agent's turns (their prompt lengths follow the episodes), a
+# reward model's and a judge's programs.
 TWO_STEPS = ['--config.steps=2']
-NO_GENERATION = ['--config.eval_examples=0']
 
 
 def compiled(tmp_path, *flags: str) -> dict[str, list]:
@@ -40,7 +38,8 @@ CASES = {
     'logit distillation': ['distill'],
     'on-policy distillation': ['grpo', '--config=' + RUNLOCAL.format(
         'grpo') + ',distill'],
-    'grpo with decode chunks': ['grpo', '--config.rl.decode_chunk=4'],
+    'grpo with decode chunks and pass@k': [
+        'grpo', '--config.rl.decode_chunk=4', '--config.eval_k=2'],
     'ppo': ['ppo'],
 }
 
@@ -51,9 +50,7 @@ def test_the_plan_holds_every_program_the_run_compiles(tmp_path, case):
   config = next((f for f in flags if f.startswith('--config=')),
                 '--config=' + RUNLOCAL.format(job))
   flags = [f for f in flags if not f.startswith('--config=')]
-  common = TWO_STEPS + (
-      NO_GENERATION if job in ('sft', 'distill', 'grpo', 'ppo') else [])
-  programs = compiled(tmp_path, config, *common, *flags)
+  programs = compiled(tmp_path, config, *TWO_STEPS, *flags)
   planned = {json.dumps(p) for p in programs['plan']}
   missing = [p[:3] for p in programs['run'] if json.dumps(p) not in planned]
   assert programs['run'] and not missing, missing

@@ -31,6 +31,7 @@ from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints, decoder
 from tunix_pw.runtime import (backend, meshes as meshes_lib, reshard,
                               sharding, topology)
+from tunix_pw.sampling import sampler as sampler_lib
 from tunix_pw.train import loop, scoring, setup
 from tunix_pw import workdir as workdir_lib
 
@@ -217,6 +218,21 @@ def reference_phase(config: Any, meshes: Any, full_state: nnx.State,
         'reference copy', full_state,
         on_mesh(full_state, mesh, config.sharding),
         reshard.Budget.from_block(config.runtime), ('actor', phase.role)))
+
+
+def generation_phase(name: str, role: str, model: nnx.Module, mesh: Any,
+                     rules: Any, batch: int, prompt_length: int,
+                     sampling: Any, decode_chunk: int = 0) -> Phase:
+  """What a Sampler of `model` on `mesh` compiles to generate for `batch`
+  prompts of up to `prompt_length` tokens (`Sampler.programs`), with its
+  KV cache in the note."""
+  engine = sampler_lib.Sampler(model, pad_id=0, eos_ids=(1,), mesh=mesh,
+                               rules=rules, decode_chunk=decode_chunk)
+  return Phase(name, role,
+               lambda: engine.programs(batch, prompt_length, sampling),
+               resident_args=per_device(nnx.state(model)),
+               note=lambda: 'KV cache ' + size(engine.cache_bytes(
+                   batch, prompt_length, sampling)))
 
 
 def actor_resident(state: Any, frozen: Any) -> dict[str, int]:

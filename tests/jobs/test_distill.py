@@ -99,9 +99,12 @@ def test_compile_only_through_main(tmp_path, flags):
   assert result.returncode == 0, result.stderr[-3000:]
   report = json.loads((tmp_path / 'compile_report.json').read_text())
   # Beside each program, the random init of its preset (no checkpoint);
-  # the train step's phase also holds the finite check.
-  assert {k: p['count'] for k, p in report['programs'].items()} == {
-      'train step': 3, 'teacher outputs': 2}
+  # the train step's phase also holds the finite check. The held-out
+  # evaluation generates on the student, after moving its weights in.
+  counts = {k: p['count'] for k, p in report['programs'].items()}
+  assert counts['evaluation weights in'] > 0
+  assert {k: v for k, v in counts.items() if 'weights' not in k} == {
+      'train step': 3, 'teacher outputs': 2, 'evaluation': 1}
   [group] = report['groups']
   assert set(group['resident']) - {'frozen base'} == {'params', 'optimizer',
                                                       'teacher'}

@@ -78,7 +78,8 @@ def test_logprobs_are_the_policy_at_the_temperature(models, temperature,
   """The recorded log-probability of each sampled token is that of
   softmax(logits / T) (before top-p): transformers' logits over T within
   1e-4, and the trainer's log-probabilities of the same sequences (the
-  old policy's, rl/loss.py) within 1e-5."""
+  old policy's, rl/loss.py) within 1e-5; the mass top-p kept is the
+  nucleus of transformers' softmax(logits / T)."""
   model, torch_model = models
   sampler = Sampler(model, pad_id=0, eos_ids=())
   out = sampler.generate(PROMPTS, SamplingConfig(
@@ -93,6 +94,12 @@ def test_logprobs_are_the_policy_at_the_temperature(models, temperature,
                                   np.array(generated)[:, None], -1)[:, 0]
     recorded = np.asarray(out.logprobs[row])
     np.testing.assert_allclose(recorded, expected, atol=1e-4)
+    probs = np.sort(np.exp(np.asarray(logp, np.float64)), -1)[:, ::-1]
+    # The fewest best tokens reaching top_p (no ties among these logits).
+    kept = np.array([p[:np.searchsorted(np.cumsum(p), top_p - 1e-6) + 1].sum()
+                     for p in probs])
+    np.testing.assert_allclose(np.asarray(out.log_kept[row]),
+                               np.log(np.minimum(kept, 1.0)), atol=1e-4)
     trainer = loss.token_logps(
         model, jnp.asarray(sequence), jnp.arange(sequence.shape[1])[None],
         jnp.ones_like(sequence), temperature=temperature)[0]
@@ -301,9 +308,9 @@ def test_sampling_statistics_on_fixed_logits():
   uniform = jax.random.uniform(jax.random.key(0), (draws,))
 
   def frequencies(**kw):
-    tokens = rules.sample(batch, uniform, jnp.float32(1.0),
-                          jnp.float32(kw.pop('top_p', 1.0)), **kw)
-    return np.bincount(np.asarray(tokens), minlength=8)
+    tokens, log_kept = rules.sample(batch, uniform, jnp.float32(1.0),
+                                    jnp.float32(kw.pop('top_p', 1.0)), **kw)
+    return np.bincount(np.asarray(tokens), minlength=8), np.asarray(log_kept)
 
   for kwargs, best in [
       (dict(top_k=3, use_top_p=False), 3),
@@ -311,15 +318,19 @@ def test_sampling_statistics_on_fixed_logits():
       (dict(top_k=5, use_top_p=True, top_p=0.5), 2),
       (dict(top_k=0, use_top_p=False), 8),
   ]:
-    counts = frequencies(greedy=False, **kwargs)
+    counts, log_kept = frequencies(greedy=False, **kwargs)
     allowed = order[:best]
     assert counts.sum() - counts[allowed].sum() == 0, kwargs
     expected = probs[allowed] / probs[allowed].sum() * counts.sum()
     assert stats.chisquare(counts[allowed], expected).pvalue > 1e-3, kwargs
-  greedy = rules.sample(batch[:4], uniform[:4], jnp.float32(1.0),
-                        jnp.float32(1.0), top_k=0, use_top_p=False,
-                        greedy=True)
-  assert (np.asarray(greedy) == order[0]).all()
+    # The mass kept, of the full distribution: KL(truncated || full) is
+    # -log of it.
+    np.testing.assert_allclose(log_kept, np.log(probs[allowed].sum()),
+                               rtol=1e-5, atol=1e-6, err_msg=str(kwargs))
+  greedy, log_kept = rules.sample(batch[:4], uniform[:4], jnp.float32(1.0),
+                                  jnp.float32(1.0), top_k=0, use_top_p=False,
+                                  greedy=True)
+  assert (np.asarray(greedy) == order[0]).all() and not np.any(log_kept)
 
 
 def test_nucleus_threshold_is_exact_and_keeps_ties():

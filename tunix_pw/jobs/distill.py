@@ -222,13 +222,13 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
                                    jax.tree.leaves(compiled.output_shardings))}
   targets = outputs if mesh is policy.mesh else compile_only.batch_on(
       policy.mesh, rules, target_shapes(config))
-  return compile_only.Plan(resident, [
+  return sft.evaluation_plan(config, policy, compile_only.Plan(resident, [
       program.train_phase(policy, {**compile_only.batch_on(
           policy.mesh, rules, tokens), **targets}), phase], [] if (
               mesh is policy.mesh) else [compile_only.Transfer(
                   "the teacher's outputs", outputs, targets,
                   reshard.Budget.from_block(config.runtime),
-                  (phase.role, 'actor'))])
+                  (phase.role, 'actor'))]))
 
 
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,

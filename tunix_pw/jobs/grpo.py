@@ -331,7 +331,8 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
           token_names=programs.needed + (
               ('advantages',) if rl.advantage in phases.PER_TOKEN
               else ()))),
-      plan_lib.rollout_phase(config, rollout_model, rollout_mesh)]
+      plan_lib.rollout_phase(config, rollout_model, rollout_mesh),
+      *plan_lib.evaluation_phases(config, rollout_model, rollout_mesh)]
   resident = {'actor': program.resident(policy),
               'rollout': {'rollout copy': compile_only.per_device(
                   nnx.state(rollout_model))}}

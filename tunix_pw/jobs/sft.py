@@ -88,14 +88,33 @@ def plan(config: Any, meshes: meshes_lib.RoleMeshes, *, abstract: bool,
 
 def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
   """The train step from shapes, for compile-only checks (a batch of full
-  `max_length` rows, as packing or several processes make it)."""
+  `max_length` rows, as packing or several processes make it), and the
+  held-out evaluation's."""
   policy = plan(config, meshes, abstract=True)
   shape = (config.batch_size, config.data.max_length)
   batch = compile_only.batch_on(policy.mesh, config.sharding, {
       k: (shape, np.int32)
       for k in ('tokens', 'positions', 'segment_ids', 'loss_mask')})
-  return compile_only.Plan({'actor': program.resident(policy)},
-                           [program.train_phase(policy, batch)])
+  return evaluation_plan(config, policy, compile_only.Plan(
+      {'actor': program.resident(policy)},
+      [program.train_phase(policy, batch)]))
+
+
+def evaluation_plan(config: Any, policy: program.Program,
+                    out: compile_only.Plan) -> compile_only.Plan:
+  """`out` with the held-out evaluation's programs (greedy generation on
+  the actor, prompts up to `max_length`; an agent's episodes are not
+  planned yet) and the policy's move into its sampler."""
+  if not config.eval_examples or 'agent' in config:
+    return out
+  out.phases.append(compile_only.generation_phase(
+      'evaluation', 'actor', policy.model(), policy.mesh, config.sharding,
+      config.eval_batch_size, config.data.max_length, SamplingConfig(
+          config.eval_max_new_tokens, greedy=True)))
+  out.transfers.append(compile_only.Transfer(
+      'evaluation weights', policy.params, policy.params,
+      reshard.Budget.from_block(config.runtime), ('actor', 'actor')))
+  return out
 
 
 def batches(config: Any, source: Any, tokenizer: Any, runtime: Any,

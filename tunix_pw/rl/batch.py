@@ -164,6 +164,11 @@ def _generate(sampler: Any, prompts: list[dict[str, Any]], rl: Any,
       sampling, generations=rl.num_generations))
   tokens, logprobs, lengths = fetch((out.tokens, out.logprobs, out.lengths))
   counts['generated'] += int(lengths.sum())
+  if out.log_kept is not None and (sampling.top_k or sampling.top_p < 1):
+    # nats top-k/top-p cut from the policy, over the generated tokens
+    counts['truncated_nats'] = counts.get('truncated_nats', 0.0) - float(
+        np.sum(np.where(np.asarray(fetch(out.mask)), fetch(out.log_kept),
+                        0.0)))
   rows = lambda x: [x[r, :n].tolist() for r, n in enumerate(lengths)]
   return _Generated(prompts, rows_prompts, rows(tokens), rows(logprobs),
                     None if out.versions is None else rows(out.versions))

@@ -235,8 +235,12 @@ def step_metrics(result: Rollout, update_metrics: dict[str, float],
   rewards = np.concatenate([g.rewards for g in real]) if real else np.zeros(1)
   names = {n: w for weights in reward_weights.values() for n, w in weights}
 
-  values = dict(update_metrics, **{f'time/{k}': v for k, v in timer.items()},
-                **counts)
+  counts = dict(counts)
+  values = dict(update_metrics, **{f'time/{k}': v for k, v in timer.items()})
+  if 'truncated_nats' in counts:  # what top-k/top-p cut, per token
+    values['mismatch/truncation_kl'] = counts.pop('truncated_nats') / max(
+        counts['generated'], 1)
+  values.update(counts)
   values.update(
       reward_mean=float(rewards.mean()), reward_std=float(rewards.std()),
       kept_group_fraction=len(real) / max(len(real) + counts['dropped'], 1),

@@ -19,7 +19,7 @@ from tunix_pw.models import checkpoints
 from tunix_pw.rl import batch as batch_lib, loss as loss_lib, phases, registry
 from tunix_pw.runtime import meshes as meshes_lib, reshard
 from tunix_pw.runtime.sharding import Sharder
-from tunix_pw.sampling.sampler import Sampler
+from tunix_pw.sampling.rollout import SamplingConfig
 from tunix_pw.train import distill_losses, program, scoring, setup
 
 
@@ -155,17 +155,29 @@ def rollout_phase(config: Any, rollout_model: Any,
                   rollout_mesh: Any) -> compile_only.Phase:
   """The rollout engine's program for one step's samples."""
   rl = config.rl
-  sampler = Sampler(rollout_model, pad_id=0, eos_ids=(1,), mesh=rollout_mesh,
-                    rules=config.sharding, decode_chunk=rl.decode_chunk)
-  sampling = dataclasses.replace(phases.sampling(rl),
-                                 generations=rl.num_generations)
-  return compile_only.Phase(
-      'rollout', 'rollout',
-      lambda: sampler.programs(rl.prompts_per_step, rl.max_prompt_length,
-                               sampling),
-      resident_args=compile_only.per_device(nnx.state(rollout_model)),
-      note=lambda: 'KV cache ' + compile_only.size(sampler.cache_bytes(
-          rl.prompts_per_step, rl.max_prompt_length, sampling)))
+  return compile_only.generation_phase(
+      'rollout', 'rollout', rollout_model, rollout_mesh, config.sharding,
+      rl.prompts_per_step, rl.max_prompt_length, dataclasses.replace(
+          phases.sampling(rl), generations=rl.num_generations),
+      rl.decode_chunk)
+
+
+def evaluation_phases(config: Any, rollout_model: Any,
+                      rollout_mesh: Any) -> list[compile_only.Phase]:
+  """The held-out evaluation's generation on the rollout engine: greedy
+  and, with --config.eval_k, sampled; prompts up to the rollout's length."""
+  rl = config.rl
+  if not config.eval_examples:
+    return []
+  greedy = SamplingConfig(max_new_tokens=rl.max_new_tokens, greedy=True)
+  return [compile_only.generation_phase(
+      name, 'rollout', rollout_model, rollout_mesh, config.sharding,
+      config.eval_batch_size, rl.max_prompt_length, sampling, rl.decode_chunk)
+          for name, sampling in [('evaluation', greedy)] + (
+              [('sampled evaluation', dataclasses.replace(
+                  phases.sampling(rl, config.seed),
+                  temperature=config.eval_temperature))]
+              if config.eval_k else [])]
 
 
 def teacher_phase(config: Any, meshes: meshes_lib.RoleMeshes,

@@ -63,13 +63,16 @@ class Completions:
   top-p) at each generated token; `versions` [B, N] (host), the
   version of the weights that produced each token (an engine that takes
   new weights between decode chunks), or None: all the version it started
-  from."""
+  from; `log_kept` [B, N], the log of the probability mass top-k and top-p
+  kept at each token (0 untruncated; its negation is KL(truncated ||
+  full)), or None when the engine does not report it."""
 
   tokens: jax.Array
   logprobs: jax.Array
   mask: jax.Array
   lengths: jax.Array
   versions: Any = None
+  log_kept: Any = None
 
 
 class RolloutEngine(Protocol):

@@ -17,31 +17,38 @@ def bucket(n: int, smallest: int = 16) -> int:
 
 def sample(logits: jax.Array, uniform: jax.Array, temperature: jax.Array,
            top_p: jax.Array, *, top_k: int, use_top_p: bool,
-           greedy: bool) -> jax.Array:
+           greedy: bool) -> tuple[jax.Array, jax.Array]:
   """One token per row of logits [B, V] (float32), drawn by inverting the
   row's CDF at `uniform` [B] (in [0, 1)): one random number per row, and no
-  sort of the vocabulary.
+  sort of the vocabulary; and the log of the probability mass the draw
+  kept, of softmax(logits / temperature) (0 untruncated), which is
+  KL(truncated || full) of the row.
 
   top_k (static) keeps the k best; top_p (with use_top_p) keeps the fewest
   most likely tokens whose mass reaches top_p (all tokens tied at the
   boundary); the rest is renormalised. Greedy ignores both."""
+  zero = jnp.zeros(logits.shape[:1], jnp.float32)
   if greedy:
-    return jnp.argmax(logits, axis=-1)
-  values, indices = logits / temperature, None
+    return jnp.argmax(logits, axis=-1), zero
+  values, indices, log_kept = logits / temperature, None, zero
   if top_k:
+    full = jax.nn.logsumexp(values, axis=-1)
     values, indices = jax.lax.top_k(values, top_k)
+    log_kept = jax.nn.logsumexp(values, axis=-1) - full
   probs = jax.nn.softmax(values, axis=-1)
   if use_top_p:
     probs = jnp.where(probs >= nucleus_threshold(probs, top_p)[:, None],
                       probs, 0.0)
   cdf = jnp.cumsum(probs, axis=-1)
+  if use_top_p:
+    log_kept = log_kept + jnp.log(cdf[:, -1])
   # The first token whose CDF reaches a point in (0, mass]: never a token
   # of probability 0, since its CDF equals its predecessor's.
   point = (1.0 - uniform)[:, None] * cdf[:, -1:]
   choice = jnp.sum(cdf < point, axis=-1)
   if indices is None:
-    return choice
-  return jnp.take_along_axis(indices, choice[:, None], axis=-1)[:, 0]
+    return choice, log_kept
+  return jnp.take_along_axis(indices, choice[:, None], axis=-1)[:, 0], log_kept
 
 
 def nucleus_threshold(probs: jax.Array, top_p: jax.Array) -> jax.Array:

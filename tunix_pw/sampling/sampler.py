@@ -133,8 +133,9 @@ class Sampler:
                          generations=sampling.generations,
                          **self._statics(sampling))
     n = sampling.max_new_tokens
-    tokens, logprobs, mask, lengths = out
-    return Completions(tokens[:, :n], logprobs[:, :n], mask[:, :n], lengths)
+    tokens, logprobs, mask, lengths, kept = out
+    return Completions(tokens[:, :n], logprobs[:, :n], mask[:, :n], lengths,
+                       log_kept=kept[:, :n])
 
   def _generate_in_chunks(self, rows: tuple[jax.Array, ...],
                           sampling: SamplingConfig,
@@ -160,7 +161,7 @@ class Sampler:
     tokens, logprobs, lengths = state[3], state[4], state[5]
     mask = jnp.arange(tokens.shape[1])[None] < lengths[:, None]
     return Completions(tokens[:, :n], logprobs[:, :n], mask[:, :n], lengths,
-                       versions)
+                       versions, state[9][:, :n])
 
   def lower(self, batch: int, prompt_length: int,
             sampling: SamplingConfig) -> jax.stages.Lowered:
@@ -269,7 +270,8 @@ class Sampler:
             jnp.full((batch, budget), self.pad_id, jnp.int32),
             jnp.zeros((batch, budget), jnp.float32),
             jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool),
-            positions[:, -1] + 1, uniforms)
+            positions[:, -1] + 1, uniforms,
+            jnp.zeros((batch, budget), jnp.float32))
 
   def _continue(self, params, state, until, max_new, stops, temperature,
                 top_p, *, cache_size, top_k, use_top_p,
@@ -294,7 +296,8 @@ class Sampler:
       # over a vocabulary split across devices cost more than this gather
       # (on CPU, 6-10x the generation of a vocab-32k model).
       last = shard(last, 'batch', None)
-      token = pick(last, uniforms[step]).astype(jnp.int32)
+      token, log_kept = pick(last, uniforms[step])
+      token = token.astype(jnp.int32)
       # The policy at `temperature` (before top-k and top-p), as the
       # trainer's log-probabilities (rl/loss.py).
       logprob = jnp.take_along_axis(jax.nn.log_softmax(last / temperature),
@@ -304,6 +307,7 @@ class Sampler:
           jnp.where(live, token, self.pad_id))
       out_logprobs = out_logprobs.at[:, step].set(
           jnp.where(live, logprob, 0.0))
+      out_kept = state[9].at[:, step].set(jnp.where(live, log_kept, 0.0))
       lengths = lengths + live
       done = done | jnp.isin(token, stops) | (step + 1 >= max_new)
       logits, cache = model(token[:, None], (next_position + step)[:, None],
@@ -313,7 +317,7 @@ class Sampler:
                                 lambda a: jax.lax.dynamic_slice_in_dim(
                                     a, step, 1, axis=1), rotations))
       return (step + 1, cache, logits[:, 0], out_tokens, out_logprobs,
-              lengths, done) + state[7:]
+              lengths, done) + state[7:9] + (out_kept,)
 
     def cond(state):
       step, done = state[0], state[6]
@@ -334,7 +338,7 @@ class Sampler:
                            top_k=top_k, use_top_p=use_top_p, greedy=greedy)
     out_tokens, out_logprobs, lengths = state[3], state[4], state[5]
     mask = jnp.arange(out_tokens.shape[1])[None] < lengths[:, None]
-    return out_tokens, out_logprobs, mask, lengths
+    return out_tokens, out_logprobs, mask, lengths, state[9]
 
 
 def _kv_axes(kv: jax.Array) -> tuple[str | None, ...]:
