@@ -78,7 +78,8 @@ def test_the_plan_holds_the_teacher_resident_on_its_mesh(
     config.meshes.teacher.update(axes='fsdp=1,tp=4', devices='4:8')
   plan = distill.compile_plan(config, meshes.build(config.meshes,
                                                    jax.devices()))
-  assert [p.name for p in plan.phases] == ['train step', 'teacher outputs']
+  assert [p.name for p in plan.phases] == [
+      'train step', 'teacher outputs', 'evaluation']
   teacher_role = 'teacher' if teacher_on_own_mesh else 'actor'
   assert 'teacher' in plan.resident[teacher_role]
   assert {'params', 'optimizer'} <= set(plan.resident['actor'])
