@@ -6,18 +6,17 @@ function (name and source), its arguments' shapes and dtypes and their
 placements."""
 
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 
 from tests import helpers
+from tests.jobs.test_reward_model import random_reward_model  # pylint: disable=unused-import
 
 RUNLOCAL = 'tunix_pw/configs/{}.py:runlocal'
-# Two steps and the final evaluation. Not in the plans yet, so left out
-# here: an agent's turns (their prompt lengths follow the episodes), a
-# reward model's and a judge's programs.
-TWO_STEPS = ['--config.steps=2']
+TWO_STEPS = ['--config.steps=2']  # and the final evaluation
 
 
 def compiled(tmp_path, *flags: str) -> dict[str, list]:
@@ -41,6 +40,16 @@ CASES = {
     'grpo with decode chunks and pass@k': [
         'grpo', '--config.rl.decode_chunk=4', '--config.eval_k=2'],
     'ppo': ['ppo'],
+    # The warm-up's SFT steps and held-out episodes, then agentic steps.
+    'agentic': ['agentic', '--config.sft.steps=2',
+                '--config.sft.eval_examples=8', '--config.sft.eval_every=2',
+                '--config.agentic.steps=2',
+                '--config.agentic.eval_examples=8',
+                '--config.agentic.rl.prompts_per_step=2',
+                '--config.agentic.rl.num_generations=4',
+                '--config.agentic.rl.mini_batch_size=8',
+                '--config.agentic.rl.micro_batch_size=4',
+                '--config.agentic.rl.logps_micro_batch_size=8'],
 }
 
 
@@ -50,7 +59,45 @@ def test_the_plan_holds_every_program_the_run_compiles(tmp_path, case):
   config = next((f for f in flags if f.startswith('--config=')),
                 '--config=' + RUNLOCAL.format(job))
   flags = [f for f in flags if not f.startswith('--config=')]
-  programs = compiled(tmp_path, config, *TWO_STEPS, *flags)
-  planned = {json.dumps(p) for p in programs['plan']}
-  missing = [p[:3] for p in programs['run'] if json.dumps(p) not in planned]
+  if not any('.steps=' in f for f in flags):
+    flags += TWO_STEPS
+  _check(compiled(tmp_path, config, *flags))
+
+
+def test_the_plan_holds_the_reward_models_and_the_judges_programs(
+    tmp_path, random_reward_model, trained_sft):  # pylint: disable=redefined-outer-name
+  _, reward_model = random_reward_model
+  _, judge = trained_sft
+  programs = compiled(
+      tmp_path, '--config=' + RUNLOCAL.format('grpo'), *TWO_STEPS,
+      '--config.rl.rewards=reward_model:1,judge:1',
+      f'--config.rl.reward_model={reward_model}', f'--config.rl.judge={judge}')
+  _check(programs)
+
+
+def _check(programs: dict[str, list]) -> None:
+  missing = [p[:3] for p in programs['run']
+             if not any(_holds(q, p) for q in programs['plan'])]
   assert programs['run'] and not missing, missing
+
+
+def _holds(planned: list, ran: list) -> bool:
+  """Whether a program of the plan is the one the run compiled: equal, or
+  (a bounded phase's) the same function, operations and placements at
+  shapes at least as large."""
+  if planned[:2] != ran[:2] or planned[3] != ran[3] or planned[5] != ran[5]:
+    return False
+  return planned[2] == ran[2] or planned[4] and len(ran[2]) == len(
+      planned[2]) and all(map(_within, ran[2], planned[2]))
+
+
+def _within(ran: str, planned: str) -> bool:
+  """'int32[8,16]' within 'int32[64,16]': the same dtype and rank, no
+  dimension larger."""
+  (r_type, r_dims, r_rest), (p_type, p_dims, p_rest) = (
+      re.fullmatch(r'(.+?)\[([\d,]*)\](.*)', a).groups()
+      for a in (ran, planned))
+  r_dims, p_dims = r_dims.split(','), p_dims.split(',')
+  return (r_type, r_rest) == (p_type, p_rest) and len(r_dims) == len(
+      p_dims) and all(int(r or 0) <= int(p or 0)
+                      for r, p in zip(r_dims, p_dims))

@@ -45,6 +45,10 @@ class Phase:
   held: bytes per device the phase holds besides its programs (a weight
     sync: the incoming copy, while the engine still serves the old one).
   inflight: programs of the phase alive at once (a sync's groups in flight).
+  bounded: its programs are compiled at the largest shapes the run gives
+    them; the run may also compile them at smaller ones that follow its
+    data (a generation's prompt bucket, an agent's batch of turns, a last
+    chunk of rows), each needing less memory.
   """
 
   name: str
@@ -54,6 +58,7 @@ class Phase:
   held: int = 0
   inflight: int = 1
   note: Callable[[], str] = lambda: ''
+  bounded: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,7 +237,7 @@ def generation_phase(name: str, role: str, model: nnx.Module, mesh: Any,
                lambda: engine.programs(batch, prompt_length, sampling),
                resident_args=per_device(nnx.state(model)),
                note=lambda: 'KV cache ' + size(engine.cache_bytes(
-                   batch, prompt_length, sampling)))
+                   batch, prompt_length, sampling)), bounded=True)
 
 
 def actor_resident(state: Any, frozen: Any) -> dict[str, int]:

@@ -99,12 +99,31 @@ def test_a_run_graded_by_a_judge(trained_sft, tmp_path):
   assert len(commonest) >= 4, logs
 
 
+def test_an_ask_over_the_judges_bound_is_not_read(trained_sft, tmp_path):
+  """Asks longer than rl.judge_max_prompt_length tokens (here: every one)
+  score the malformed reward and are counted, and the run goes on."""
+  _, judge_dir = trained_sft
+  result = helpers.run_main(
+      '--config=tunix_pw/configs/grpo.py:runlocal', '--config.steps=1',
+      '--config.rl.rewards=judge:1', f'--config.rl.judge={judge_dir}',
+      '--config.rl.judge_max_prompt_length=8',
+      '--config.rl.judge_malformed=-1', '--config.eval_examples=0',
+      f'--workdir={tmp_path}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  [logged] = [m for m in metrics.read(str(tmp_path)) if 'loss' in m]
+  assert logged['judge_malformed'] == 64
+  assert logged['reward/judge'] == -1
+
+
 @pytest.mark.parametrize('flags, says', [
     (['--config.rl.rewards=judge:1'], 'needs --config.rl.judge'),
     (['--config.rl.judge=/x'], 'needs --config.rl.judge'),
     (['--config.rl.rewards=judge:1', '--config.rl.judge=/x',
       '--config.rl.judge_template=Rate {completion}'],
      'judge_template needs a {prompt} field'),
+    (['--config.rl.rewards=judge:1', '--config.rl.judge=/x',
+      '--config.rl.judge_max_prompt_length=0'],
+     'judge_max_prompt_length at least 1'),
 ])
 def test_judge_config_errors(tmp_path, flags, says):
   result = helpers.run_main('--config=tunix_pw/configs/grpo.py:runlocal',

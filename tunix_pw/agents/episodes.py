@@ -133,14 +133,19 @@ Generate = Callable[[list[list[int]], int], list[tuple[list[int],
                                                          list[float]]]]
 
 
+def batch(n: int, quantum: int) -> int:
+  """The batch a generate call of `n` contexts runs at: `quantum` x a
+  power of two."""
+  return quantum * (1 << (-(-n // quantum) - 1).bit_length())
+
+
 def sampler_generate(sampler: Any, sampling: Any, quantum: int) -> Generate:
   """(contexts, seed) -> each context's turn (ids, log-probabilities),
   batches padded to `quantum` x a power of two (few compiled shapes)."""
 
   def generate(contexts, seed):
     n = len(contexts)
-    size = quantum * (1 << (-(-n // quantum) - 1).bit_length())
-    out = sampler.generate(contexts + [contexts[0]] * (size - n),
+    out = sampler.generate(contexts + [contexts[0]] * (batch(n, quantum) - n),
                            dataclasses.replace(sampling, seed=seed))
     tokens, logps, lengths = fetch((out.tokens, out.logprobs, out.lengths))
     return [(tokens[r, :lengths[r]].tolist(), logps[r, :lengths[r]].tolist())

@@ -103,6 +103,9 @@ def rl_block(variant: str, local: bool) -> ml_collections.ConfigDict:
       # answers with a score; name it in the rewards ('judge:1').
       judge='', judge_chat=False, judge_max_new_tokens=8, judge_scale=10.0,
       judge_malformed=0.0,  # the reward of an answer with no usable score
+      # The judge reads asks of up to this many tokens (one compiled
+      # program); a longer one is not read and scores judge_malformed.
+      judge_max_prompt_length=128 if local else 1024,
       judge_template=('Rate the answer from 0 to 10.\nQuestion: {prompt}\n'
                       'Answer: {completion}\nScore: '))
   block.update(VARIANTS[variant])

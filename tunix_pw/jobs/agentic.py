@@ -15,11 +15,13 @@ from __future__ import annotations
 from collections import Counter
 import concurrent.futures
 import dataclasses
+import functools
 import math
 from typing import Any
 
 import numpy as np
 
+from tunix_pw import compile_only
 from tunix_pw.agents import envs as envs_lib, episodes as episodes_lib
 from tunix_pw.data import builders, pipeline
 from tunix_pw.errors import InfrastructureError, UsageError
@@ -59,15 +61,19 @@ def _keep(example: dict[str, Any], counters: pipeline.Counters):
   return example
 
 
+def quantum(mesh: Any, rules: Any) -> int:
+  """The mesh's data shards: a batch of turns is a multiple of them."""
+  return math.prod(mesh.shape.get(a, 1) for a in rules.batch.split(','))
+
+
 def collector(agent: Any, sampler: Any, tokenizer: Any, mesh: Any,
               rules: Any, sampling: Any, max_context: int,
               max_concurrent: int,
               tools: concurrent.futures.Executor) -> episodes_lib.Collector:
   """Episodes of --config.agent's task, each model turn sampled by
   `sampler` (batches padded to a multiple of `mesh`'s data shards)."""
-  quantum = math.prod(mesh.shape.get(a, 1) for a in rules.batch.split(','))
   return episodes_lib.Collector(
-      episodes_lib.sampler_generate(sampler, sampling, quantum),
+      episodes_lib.sampler_generate(sampler, sampling, quantum(mesh, rules)),
       envs_lib.task(agent, tokenizer, tools), tokenizer, agent, max_context,
       max_concurrent)
 
@@ -186,4 +192,26 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
     setup.export(config, parts.plan.policy.model(state.params))
 
 
-compile_plan = grpo.compile_plan
+def turn_phases(config: Any, rollout_model: Any,
+                rollout_mesh: Any) -> list[compile_only.Phase]:
+  """What the rollout engine generates: the training episodes' turns
+  (sampled; up to agent.max_concurrent at once, or a step's every episode
+  in lockstep) and the held-out episodes' (greedy), each turn's context up
+  to the collector's bound (`rl.max_prompt_length`)."""
+  rl, agent, rules = config.rl, config.agent, config.sharding
+  episodes = rl.prompts_per_step * rl.num_generations
+  playing = episodes if agent.lockstep else min(agent.max_concurrent,
+                                                 episodes)
+  sampling = phases.sampling(rl)
+  turns = [('agent turns', playing, sampling)]
+  if config.eval_examples:
+    turns.append(('held-out turns', min(config.eval_batch_size,
+                                        config.eval_examples),
+                  dataclasses.replace(sampling, greedy=True)))
+  return [compile_only.generation_phase(
+      name, 'rollout', rollout_model, rollout_mesh, rules,
+      episodes_lib.batch(n, quantum(rollout_mesh, rules)),
+      rl.max_prompt_length, how) for name, n, how in turns]
+
+
+compile_plan = functools.partial(grpo.compile_plan, generation=turn_phases)

@@ -309,11 +309,22 @@ def report(parts: Parts, writer: Any, done: int, values: dict[str, float],
                                         config.samples_per_log))
 
 
-def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
+def generation(config: Any, rollout_model: Any,
+               rollout_mesh: Any) -> list[compile_only.Phase]:
+  """What the rollout engine generates: a step's samples and the held-out
+  evaluation's."""
+  return [plan_lib.rollout_phase(config, rollout_model, rollout_mesh),
+          *plan_lib.evaluation_phases(config, rollout_model, rollout_mesh)]
+
+
+def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes,
+                 generation: Callable[..., list[compile_only.Phase]] = (
+                     generation)) -> compile_only.Plan:
   """This job's programs, from shapes, for compile-only checks: what
   `plan` builds for a run (the train step, the logps passes), the rollout
-  program and the weight sync's relayouts, with the state each role keeps
-  resident."""
+  engine's programs (`generation(config, rollout_model, rollout_mesh)`),
+  the reward model's and judge's, and the weight sync's relayouts, with
+  the state each role keeps resident."""
   rl, rules = config.rl, config.sharding
   programs = plan_lib.plan(config, meshes, abstract=True)
   policy, rollout_mesh = programs.policy, meshes['rollout']
@@ -325,17 +336,17 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
     return programs.logps(mesh).lower(params_state, plan_lib.batch_shapes(
         config, rl.logps_micro_batch_size, mesh, phases.SEQUENCES))
 
+  resident = {'actor': program.resident(policy),
+              'rollout': {'rollout copy': compile_only.per_device(
+                  nnx.state(rollout_model))}}
   plan_phases = [
       program.train_phase(policy, plan_lib.batch_shapes(
           config, rl.mini_batch_size, policy.mesh,
           token_names=programs.needed + (
               ('advantages',) if rl.advantage in phases.PER_TOKEN
               else ()))),
-      plan_lib.rollout_phase(config, rollout_model, rollout_mesh),
-      *plan_lib.evaluation_phases(config, rollout_model, rollout_mesh)]
-  resident = {'actor': program.resident(policy),
-              'rollout': {'rollout copy': compile_only.per_device(
-                  nnx.state(rollout_model))}}
+      *generation(config, rollout_model, rollout_mesh),
+      *plan_lib.scorer_phases(config, meshes, resident)]
   out = compile_only.Plan(resident, plan_phases, [compile_only.Transfer(
       'weight sync', policy.params,
       compile_only.on_mesh(policy.params, rollout_mesh, rules),

@@ -103,14 +103,20 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
 def evaluation_plan(config: Any, policy: program.Program,
                     out: compile_only.Plan) -> compile_only.Plan:
   """`out` with the held-out evaluation's programs (greedy generation on
-  the actor, prompts up to `max_length`; an agent's episodes are not
-  planned yet) and the policy's move into its sampler."""
-  if not config.eval_examples or 'agent' in config:
+  the actor: prompts up to `max_length`, or an agent's turns, contexts up
+  to what leaves room to answer) and the policy's move into its sampler."""
+  if not config.eval_examples:
     return out
+  batch, prompts = config.eval_batch_size, config.data.max_length
+  if 'agent' in config:  # heldout_evaluation's episodes
+    batch = episodes_lib.batch(
+        min(batch, config.eval_examples),
+        agentic.quantum(policy.mesh, config.sharding))
+    prompts -= config.eval_max_new_tokens
   out.phases.append(compile_only.generation_phase(
       'evaluation', 'actor', policy.model(), policy.mesh, config.sharding,
-      config.eval_batch_size, config.data.max_length, SamplingConfig(
-          config.eval_max_new_tokens, greedy=True)))
+      batch, prompts, SamplingConfig(config.eval_max_new_tokens,
+                                     greedy=True)))
   out.transfers.append(compile_only.Transfer(
       'evaluation weights', policy.params, policy.params,
       reshard.Budget.from_block(config.runtime), ('actor', 'actor')))

@@ -60,17 +60,22 @@ def from_decoder(decoder: Decoder, seed: int, mesh=None,
   return model
 
 
-def load(directory: str, mesh=None, rules=None) -> ValueModel:
-  """A reward model exported by the reward_model job (a Hugging Face
-  one-label sequence classifier): its decoder and `score` head, on
-  `mesh`."""
+def abstract(directory: str) -> ValueModel:
+  """The reward model exported to `directory` (a Hugging Face one-label
+  sequence classifier, the reward_model job's export) as shapes."""
   if checkpoints.detect(directory) != checkpoints.HF or 'score.weight' not in (
       safetensors_io.SafetensorsDir(directory).names()):
     raise UsageError(f'{directory} is not a Hugging Face sequence classifier '
                      '(no score.weight); export one with the reward_model '
                      'job.')
   cfg = hf.read_config(directory)
-  model = nnx.eval_shape(lambda: ValueModel(Decoder(cfg, rngs=nnx.Rngs(0)),
-                                            rngs=nnx.Rngs(0)))
-  return checkpoints.load_into(directory, checkpoints.HF, model, cfg, mesh,
-                               rules)
+  return nnx.eval_shape(lambda: ValueModel(Decoder(cfg, rngs=nnx.Rngs(0)),
+                                           rngs=nnx.Rngs(0)))
+
+
+def load(directory: str, mesh=None, rules=None) -> ValueModel:
+  """The reward model exported to `directory` (`abstract`): its decoder
+  and `score` head, on `mesh`."""
+  model = abstract(directory)
+  return checkpoints.load_into(directory, checkpoints.HF, model, model.cfg,
+                               mesh, rules)

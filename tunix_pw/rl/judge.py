@@ -7,7 +7,10 @@ trained workdir); `rl.judge_template` has `{prompt}` and `{completion}`
 fields; the judge decodes greedily up to `rl.judge_max_new_tokens`; the
 first number of its answer over `rl.judge_scale` is the reward. An answer
 with no number, or one outside [0, judge_scale], is malformed: it scores
-`rl.judge_malformed` and is counted (`judge_malformed` per step).
+`rl.judge_malformed` and is counted (`judge_malformed` per step); so is an
+ask longer than `rl.judge_max_prompt_length` tokens, which the judge does
+not read (a step's asks are one batch of prompts up to that bound: the
+program the compile plan holds, `rl/plan.py`).
 """
 
 from __future__ import annotations
@@ -32,10 +35,11 @@ def check(rl: Any) -> None:
   for field in ('{prompt}', '{completion}'):
     if field not in rl.judge_template:
       raise UsageError(f'--config.rl.judge_template needs a {field} field.')
-  if rl.judge_scale <= 0 or rl.judge_max_new_tokens < 1:
+  if rl.judge_scale <= 0 or min(rl.judge_max_new_tokens,
+                                rl.judge_max_prompt_length) < 1:
     raise UsageError(f'--config.rl.judge_scale={rl.judge_scale} must be '
-                     'positive and --config.rl.judge_max_new_tokens at '
-                     'least 1.')
+                     'positive and --config.rl.judge_max_new_tokens and '
+                     'judge_max_prompt_length at least 1.')
 
 
 def parse(answer: str, scale: float) -> float | None:
@@ -65,26 +69,37 @@ class Judge:
             sum(s is None for s in scores))
 
 
+def model_block(config: Any) -> Any:
+  """The model block of `--config.rl.judge` (its own tokenizer)."""
+  block = config.model.copy_and_resolve_references()
+  block.checkpoint, block.tokenizer = config.rl.judge, ''
+  return block
+
+
+def sampling(rl: Any) -> SamplingConfig:
+  return SamplingConfig(max_new_tokens=rl.judge_max_new_tokens, greedy=True)
+
+
 def build(config: Any, meshes: Any, runtime: Any) -> Judge:
   """The judge of `--config.rl.judge`, greedy, on the rollout mesh."""
-  rl, mesh = config.rl, meshes['rollout']
-  block = config.model.copy_and_resolve_references()
-  block.checkpoint, block.tokenizer = rl.judge, ''
+  rl, mesh, block = config.rl, meshes['rollout'], model_block(config)
   model, _ = setup.model_from_block(block, seed=config.seed, mesh=mesh,
                                     rules=config.sharding)
   tokenizer = setup.tokenizer(block)
+  bound = rl.judge_max_prompt_length
   sampler = make_sampler(model, tokenizer, mesh=mesh, rules=config.sharding,
-                         runtime=runtime)
-  sampling = SamplingConfig(max_new_tokens=rl.judge_max_new_tokens,
-                            greedy=True)
+                         runtime=runtime,
+                         max_cache=bound + rl.judge_max_new_tokens)
 
   def answers(texts: list[str]) -> list[str]:
-    out = sampler.generate([tokenizers.encode_prompt(tokenizer, t,
-                                                     rl.judge_chat)
-                            for t in texts], sampling)
+    asks = [tokenizers.encode_prompt(tokenizer, t, rl.judge_chat)
+            for t in texts]
+    unread = [len(a) > bound for a in asks]  # answered '': malformed
+    out = sampler.generate([a[:1] if u else a for a, u in zip(asks, unread)],
+                           sampling(rl))
     tokens, lengths = fetch((out.tokens, out.lengths))
-    return [tokenizer.decode([t for t in tokens[r, :lengths[r]]
-                              if t not in tokenizer.stop_ids])
+    return ['' if unread[r] else tokenizer.decode(
+        [t for t in tokens[r, :lengths[r]] if t not in tokenizer.stop_ids])
             for r in range(len(texts))]
 
   return Judge(answers, rl)

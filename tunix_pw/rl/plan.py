@@ -16,7 +16,9 @@ import numpy as np
 
 from tunix_pw import compile_only
 from tunix_pw.models import checkpoints
-from tunix_pw.rl import batch as batch_lib, loss as loss_lib, phases, registry
+from tunix_pw.models import value
+from tunix_pw.rl import batch as batch_lib, judge, loss as loss_lib, phases
+from tunix_pw.rl import registry, reward_model
 from tunix_pw.runtime import meshes as meshes_lib, reshard
 from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.sampling.rollout import SamplingConfig
@@ -178,6 +180,33 @@ def evaluation_phases(config: Any, rollout_model: Any,
                   phases.sampling(rl, config.seed),
                   temperature=config.eval_temperature))]
               if config.eval_k else [])]
+
+
+def scorer_phases(config: Any, meshes: meshes_lib.RoleMeshes,
+                  resident: dict[str, dict[str, int]]
+                  ) -> list[compile_only.Phase]:
+  """The reward model's scores and the judge's greedy answers of a
+  round's samples on the rollout mesh, their weights resident there."""
+  rl, mesh, rules = config.rl, meshes['rollout'], config.sharding
+  out = []
+  if rl.reward_model:
+    graphdef, state = nnx.split(value.abstract(rl.reward_model))
+    state = compile_only.on_mesh(state, mesh, rules)
+    score = reward_model.program(graphdef, mesh, rules)
+    rows = batch_shapes(config, rl.logps_micro_batch_size, mesh,
+                        phases.SEQUENCES)
+    out.append(compile_only.Phase(
+        'reward model', 'rollout', lambda: [score.lower(state, rows).compile()],
+        resident_args=compile_only.per_device(state), bounded=True))
+  if rl.judge:
+    out.append(compile_only.generation_phase(
+        'judge', 'rollout', compile_only.abstract_frozen(
+            judge.model_block(config), mesh, rules), mesh, rules,
+        rl.prompts_per_step * rl.num_generations, rl.judge_max_prompt_length,
+        judge.sampling(rl)))
+  for phase in out:
+    resident.setdefault('rollout', {})[phase.name] = phase.resident_args
+  return out
 
 
 def teacher_phase(config: Any, meshes: meshes_lib.RoleMeshes,
