@@ -42,7 +42,7 @@ jax.config.update('jax_num_cpu_devices', 8)
 
 from in_process import run_main  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tunix_pw.rl import rewards  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tunix_pw.rl.registry import register  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tunix_pw.registry import register  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 SAMPLES = 8 * 8  # runlocal: prompts_per_step x num_generations
 latency = [0.0]  # seconds per step, read by the verifier

@@ -13,9 +13,8 @@ from tests import helpers
 from tunix_pw.configs import dpo as dpo_config, ppo as ppo_config
 from tunix_pw.configs import reward_model as rm_config
 from tunix_pw.jobs import dpo, ppo, reward_model
-from tunix_pw.models import presets
+from tunix_pw.models import blocks, presets
 from tunix_pw.runtime import meshes, topology
-from tunix_pw.train import setup
 
 # libtpu comes with the test extra (jax[tpu]); without it there is no TPU
 # compiler to check against.
@@ -198,9 +197,9 @@ def test_a_trained_workdir_gives_its_models_architecture(tmp_path):
       {'model': dict(preset='tiny-gemma3', checkpoint='', tokenizer='')}))
   block = ml_collections.ConfigDict(dict(preset='gemma3-1b',
                                          checkpoint=str(tmp_path)))
-  assert setup.architecture(block) == presets.PRESETS['tiny-gemma3']
+  assert blocks.architecture(block) == presets.PRESETS['tiny-gemma3']
   block.checkpoint = ''
-  assert setup.architecture(block) == presets.PRESETS['gemma3-1b']
+  assert blocks.architecture(block) == presets.PRESETS['gemma3-1b']
 
 
 def test_ppo_counts_its_critic_on_its_own_devices(tmp_path):

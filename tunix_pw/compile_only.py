@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from tunix_pw.errors import UsageError
-from tunix_pw.models import checkpoints, decoder
+from tunix_pw.models import blocks, checkpoints, decoder
 from tunix_pw.runtime import (backend, meshes as meshes_lib, reshard,
                               sharding, topology)
 from tunix_pw.sampling import sampler as sampler_lib
@@ -129,7 +129,7 @@ def abstract_model(config: Any) -> nnx.Module:
   """The policy of `config` (with what `setup.attach` adds: LoRA adapters,
   a distillation projection) as shapes: what
   `setup.policy` builds, with nothing allocated."""
-  cfg = setup.architecture(config.model)
+  cfg = blocks.architecture(config.model)
   kwargs = checkpoints.model_kwargs(config.model)
 
   def build():
@@ -150,7 +150,7 @@ def abstract_frozen(block: Any, mesh: Any, rules: Any) -> nnx.Module:
   """The decoder a model block names (a teacher, a frozen scorer) as
   shapes sharded on `mesh`."""
   model = nnx.eval_shape(lambda: decoder.Decoder(
-      setup.architecture(block), rngs=nnx.Rngs(0),
+      blocks.architecture(block), rngs=nnx.Rngs(0),
       **checkpoints.model_kwargs(block)))
   graphdef, state = nnx.split(model)
   return nnx.merge(graphdef, on_mesh(state, mesh, rules))

@@ -14,10 +14,10 @@ from tests import helpers
 from tests.models import tiny_tokenizers
 from tunix_pw.configs import distill as distill_config, grpo as grpo_config
 from tunix_pw.jobs import distill, grpo
-from tunix_pw.models import safetensors_io
+from tunix_pw.models import blocks, safetensors_io
 from tunix_pw.rl import plan as plan_lib
 from tunix_pw.runtime import meshes
-from tunix_pw.train import metrics, setup
+from tunix_pw.train import metrics
 
 DISTILL = '--config=tunix_pw/configs/distill.py:runlocal'
 PULSE = ['--config.steps=2', '--config.log_every=1', '--config.eval_examples=0',
@@ -170,7 +170,7 @@ def test_on_policy_distillation_plan_holds_the_teacher():
   # The train step's batch carries the teacher's logits, whole or top-k.
   mesh = meshes.build(config.meshes, jax.devices())['actor']
   length = config.rl.max_prompt_length + config.rl.max_new_tokens
-  vocab = setup.architecture(config.teacher).vocab_size
+  vocab = blocks.architecture(config.teacher).vocab_size
   for top_k, width in ((0, vocab), (8, 8)):
     config.distill.top_k = top_k
     shapes = plan_lib.batch_shapes(config, 16, mesh)

@@ -94,7 +94,7 @@ def test_cispo_with_tis_and_reinforce_pp_with_mismatch_metrics(tmp_path):
 
 SPLIT_REWARD = '''
 import os, runpy, signal, sys
-from tunix_pw.rl.registry import register
+from tunix_pw.registry import register
 
 @register('reward', 'odd_prompts_equal')
 def odd_prompts_equal(sample):

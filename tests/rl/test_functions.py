@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tunix_pw import registry
 from tunix_pw.errors import UsageError
 from tunix_pw.rl import functions as f
-from tunix_pw.rl import registry
 
 REWARDS = jnp.array([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 5.0]])
 

@@ -6,7 +6,7 @@ import pytest
 
 from tunix_pw.errors import UsageError
 from tunix_pw.rl import rewards
-from tunix_pw.rl.registry import register
+from tunix_pw.registry import register
 
 
 def sample(completion, answer='42', length=3, budget=8, truncated=False):

@@ -36,7 +36,7 @@ from tunix_pw import compile_only
 from tunix_pw.data import pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.jobs import sft
-from tunix_pw.models import checkpoints, lora
+from tunix_pw.models import blocks, checkpoints
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard, sharding
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.sharding import Sharder
@@ -61,48 +61,7 @@ def validate(config: Any) -> None:
                      'least 0, and not both 0.')
   setup.check_same_tokenizer(config.model, config.teacher)
   if d.strategy != 'logit':
-    layer_map(config)
-
-
-def layer_map(config: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
-  """(student layers, teacher layers) of `distill.layers` ('0:1,3:5'); by
-  default each student layer with the teacher's at the same relative depth
-  (the last with the last)."""
-  sizes = [setup.architecture(b).num_layers for b in (config.model,
-                                                      config.teacher)]
-  spec = config.distill.layers
-  try:
-    pairs = ([tuple(int(i) for i in p.split(':')) for p in spec.split(',')]
-             if spec else [(i, round((i + 1) * sizes[1] / sizes[0]) - 1)
-                           for i in range(sizes[0])])
-    if any(len(p) != 2 for p in pairs):
-      raise ValueError
-  except ValueError:
-    raise UsageError(f'--config.distill.layers={spec!r} must be student:'
-                     "teacher layer pairs, e.g. '0:1,3:5'.") from None
-  for (s, t) in pairs:
-    if not (0 <= s < sizes[0] and 0 <= t < sizes[1]):
-      raise UsageError(f'--config.distill.layers pairs student layer {s} '
-                       f'with teacher layer {t}, but the student has '
-                       f'{sizes[0]} layers and the teacher {sizes[1]}.')
-  return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
-
-
-class DistillProjection(lora.LoRAParam):
-  """Trained with the student, adapters or not; never exported."""
-
-
-def attach_projection(model: nnx.Module, config: Any) -> None:
-  """Feature distillation's learned projection of the mapped student
-  layers' outputs to the teacher's width, [mapped, D_student, D_teacher],
-  starting at the identity's corner (`setup.attach` adds it,
-  `setup.detach_projection` drops it)."""
-  student, _ = layer_map(config)
-  d_s, d_t = (setup.architecture(b).embed_dim for b in (config.model,
-                                                        config.teacher))
-  model.distill_projection = DistillProjection(
-      jnp.broadcast_to(jnp.eye(d_s, d_t), (len(student), d_s, d_t)),
-      axes=(None, 'embed', None))
+    distill_losses.layer_map(config)
 
 
 def rms_normed(x: jax.Array) -> jax.Array:
@@ -148,7 +107,7 @@ def distill_loss(model, batch, rng, *, d: Any, student_layers: tuple,
 
 def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
          abstract: bool) -> program.Program:
-  student = layer_map(config)[0] if config.distill.strategy != 'logit' else ()
+  student = distill_losses.layer_map(config)[0] if config.distill.strategy != 'logit' else ()
   return sft.plan(config, meshes, abstract=abstract, loss=functools.partial(
       distill_loss, d=config.distill, student_layers=student))
 
@@ -163,7 +122,7 @@ def teacher_program(config: Any, graphdef: Any, mesh: Any):
   mapped layers' attention [B, layers, heads, T, T] or outputs [B, layers,
   T, D]."""
   shard, d = Sharder(mesh, config.sharding), config.distill
-  layers = jnp.asarray(layer_map(config)[1]) if d.strategy != 'logit' else ()
+  layers = jnp.asarray(distill_losses.layer_map(config)[1]) if d.strategy != 'logit' else ()
 
   def outputs(state, batch):
     model = nnx.merge(graphdef, state)
@@ -182,13 +141,13 @@ def teacher_program(config: Any, graphdef: Any, mesh: Any):
 def target_shapes(config: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
   """The teacher's outputs for one batch of full rows, as shapes."""
   d, b, t = config.distill, config.batch_size, config.data.max_length
-  teacher = setup.architecture(config.teacher)
+  teacher = blocks.architecture(config.teacher)
   if d.strategy == 'logit':
     width = d.top_k or teacher.vocab_size
     return {'teacher_logits': ((b, t, width), np.float32),
             **({'teacher_indices': ((b, t, width), np.int32)}
                if d.top_k else {})}
-  layers = len(layer_map(config)[1])
+  layers = len(distill_losses.layer_map(config)[1])
   if d.strategy == 'attention':
     return {'teacher_attention': ((b, layers, teacher.num_heads, t, t),
                                   np.float32)}

@@ -18,11 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tunix_pw import checks, compile_only
+from tunix_pw import checks, compile_only, registry
 from tunix_pw.data import builders, formats, pipeline
 from tunix_pw.errors import UsageError
-from tunix_pw.models import checkpoints
-from tunix_pw.rl import registry
+from tunix_pw.models import blocks, checkpoints
 from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.fetch import fetch
 from tunix_pw.runtime.preemption import Preemption
@@ -267,7 +266,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   algorithm = config.dpo.algorithm
   kto = algorithm == 'kto'
   policy = plan(config, meshes, abstract=False)
-  tokenizer = setup.tokenizer(config.model)
+  tokenizer = blocks.tokenizer(config.model)
 
   reference, reference_logps = _reference(config, policy, meshes, runtime)
   spec = pipeline.DataSpec.from_block(config.data)

@@ -13,7 +13,7 @@ import jax
 from tunix_pw import workdir as workdir_lib
 from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
-from tunix_pw.models import checkpoints
+from tunix_pw.models import blocks, checkpoints
 from tunix_pw.rl import rewards
 from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.fetch import fetch
@@ -69,7 +69,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   mesh = meshes['rollout']
   model, _ = setup.model_from_block(config.model, seed=config.seed, mesh=mesh,
                                     rules=config.sharding)
-  tokenizer = setup.tokenizer(config.model)
+  tokenizer = blocks.tokenizer(config.model)
   spec = pipeline.DataSpec.from_block(config.data)
   source = pipeline.prepare(spec, runtime)[0][config.split]
   if config.mode == 'loss':

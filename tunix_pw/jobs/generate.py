@@ -10,7 +10,7 @@ from etils import epath
 
 from tunix_pw import console
 from tunix_pw.errors import UsageError
-from tunix_pw.models import checkpoints, tokenizers
+from tunix_pw.models import blocks, checkpoints, tokenizers
 from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.fetch import fetch
 from tunix_pw.runtime.preemption import Preemption
@@ -93,7 +93,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   mesh = meshes['rollout']
   model, cfg = setup.model_from_block(config.model, seed=config.seed,
                                      mesh=mesh, rules=config.sharding)
-  tokenizer = setup.tokenizer(config.model)
+  tokenizer = blocks.tokenizer(config.model)
   if tokenizer.vocab_size > cfg.vocab_size:
     raise UsageError(f'the tokenizer has {tokenizer.vocab_size} tokens but '
                      f'the model only {cfg.vocab_size}.')

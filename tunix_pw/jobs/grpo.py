@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from tunix_pw import compile_only, console
+from tunix_pw.models import blocks
 from tunix_pw.rl import config_checks, phases
 from tunix_pw.rl import asynchronous, batch as batch_lib, judge as judge_lib
 from tunix_pw.rl import plan as plan_lib, prompts as prompts_lib
@@ -154,7 +155,7 @@ def engines(config: Any, runtime: backend.Runtime,
   """The Parts every RL run has, whatever it rolls out: the programs, the
   tokenizer, the rollout engine, the reference (or teacher) scorer."""
   programs = plan_lib.plan(config, meshes, abstract=False)
-  tokenizer = setup.tokenizer(config.model)
+  tokenizer = blocks.tokenizer(config.model)
   sampler = rollout_engine(config, programs, tokenizer, meshes, runtime)
   reference = reference_logps = None
   if config.rl.advantage == phases.DISTILL:

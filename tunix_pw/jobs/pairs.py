@@ -20,7 +20,7 @@ from tunix_pw import console
 from tunix_pw.data import builders, formats, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.jobs import generate
-from tunix_pw.models import checkpoints, tokenizers
+from tunix_pw.models import blocks, checkpoints, tokenizers
 from tunix_pw.rl import rewards
 from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.fetch import fetch
@@ -98,7 +98,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   mesh = meshes['rollout']
   model, _ = setup.model_from_block(config.model, seed=config.seed, mesh=mesh,
                                     rules=config.sharding)
-  tokenizer = setup.tokenizer(config.model)
+  tokenizer = blocks.tokenizer(config.model)
   sampler = make_sampler(model, tokenizer, mesh=mesh, rules=config.sharding,
                          runtime=runtime)
   sources, _ = pipeline.prepare(pipeline.DataSpec.from_block(config.data),

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from tunix_pw import checks, compile_only
 from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
-from tunix_pw.models import checkpoints, hf, tokenizers, value
+from tunix_pw.models import blocks, checkpoints, hf, tokenizers, value
 from tunix_pw.rl import critic
 from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.fetch import fetch
@@ -148,7 +148,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
         workdir: str, preemption: Preemption) -> None:
   model_program = plan(config, meshes, abstract=False)
   mesh, rules = model_program.mesh, config.sharding
-  tokenizer = setup.tokenizer(config.model)
+  tokenizer = blocks.tokenizer(config.model)
   spec = pipeline.DataSpec.from_block(config.data)
   sources, _ = pipeline.prepare(spec, runtime)
   pipeline.check_eval_batch(sources['test'], config.eval_batch_size,
@@ -186,7 +186,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
     final = model_program.model(session.state.params)
     hf.save(config.export, final.cfg, nnx.state(final),
             classifier_pad_id=tokenizer.pad_id)
-    tokenizers.save(setup.tokenizer_source(config.model), config.export)
+    tokenizers.save(blocks.tokenizer_source(config.model), config.export)
   if runtime.is_coordinator:
     print(f'reward_model: held-out pairwise accuracy '
                 f'{result["eval/pairwise_accuracy"]:.1%} of '

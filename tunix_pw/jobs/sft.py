@@ -18,7 +18,7 @@ from tunix_pw.agents import envs, episodes as episodes_lib
 from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.jobs import agentic
-from tunix_pw.models import checkpoints
+from tunix_pw.models import blocks, checkpoints
 from tunix_pw.rl import rewards
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard
 from tunix_pw.runtime.preemption import Preemption
@@ -158,7 +158,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   `policy`)."""
   mesh, rules = meshes['actor'], config.sharding
   policy = policy or plan(config, meshes, abstract=False)
-  tokenizer = setup.tokenizer(config.model)
+  tokenizer = blocks.tokenizer(config.model)
   spec = pipeline.DataSpec.from_block(config.data)
   sources, _ = pipeline.prepare(spec, runtime)
   data = batches(config, sources['train'], tokenizer, runtime, config.seed)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunix_pw import checks
+from tunix_pw import checks, registry
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints
 from tunix_pw.rl import asynchronous, functions, phases, prompts as prompts_lib
-from tunix_pw.rl import registry, rewards
+from tunix_pw.rl import rewards
 from tunix_pw.runtime import meshes as meshes_lib
 from tunix_pw.train import optim, setup
 

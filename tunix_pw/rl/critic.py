@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tunix_pw import compile_only
-from tunix_pw.models import checkpoints, decoder, value
+from tunix_pw.models import blocks, checkpoints, decoder, value
 from tunix_pw.rl import functions, phases
 from tunix_pw.rl import plan as plan_lib
 from tunix_pw.runtime.sharding import Sharder
@@ -56,7 +56,7 @@ def abstract_model(block: Any, seed: int, on: Any,
                    rules: Any) -> value.ValueModel:
   """A value model on `block`'s decoder as shapes on mesh `on`: what
   `build` makes, unallocated."""
-  cfg = setup.architecture(block)
+  cfg = blocks.architecture(block)
   model = nnx.eval_shape(lambda: value.ValueModel(decoder.Decoder(
       cfg, rngs=nnx.Rngs(seed), **checkpoints.model_kwargs(block)),
                                                   rngs=nnx.Rngs(seed)))

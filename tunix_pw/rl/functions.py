@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from tunix_pw.rl.registry import register
+from tunix_pw.registry import register
 
 EPS = 1e-6
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from tunix_pw.errors import UsageError
-from tunix_pw.models import tokenizers
+from tunix_pw.models import blocks, tokenizers
 from tunix_pw.runtime.fetch import fetch
 from tunix_pw.sampling.rollout import SamplingConfig
 from tunix_pw.sampling.sampler import make_sampler
@@ -85,7 +85,7 @@ def build(config: Any, meshes: Any, runtime: Any) -> Judge:
   rl, mesh, block = config.rl, meshes['rollout'], model_block(config)
   model, _ = setup.model_from_block(block, seed=config.seed, mesh=mesh,
                                     rules=config.sharding)
-  tokenizer = setup.tokenizer(block)
+  tokenizer = blocks.tokenizer(block)
   bound = rl.judge_max_prompt_length
   sampler = make_sampler(model, tokenizer, mesh=mesh, rules=config.sharding,
                          runtime=runtime,

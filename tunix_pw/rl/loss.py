@@ -8,9 +8,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from tunix_pw import registry
 from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.rl import functions  # pylint: disable=unused-import (registers)
-from tunix_pw.rl import registry
 from tunix_pw.train import distill_losses
 
 

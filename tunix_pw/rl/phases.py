@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tunix_pw.rl import batch as batch_lib, functions, registry
+from tunix_pw import registry
+from tunix_pw.rl import batch as batch_lib, functions
 from tunix_pw.runtime import reshard, sharding
 from tunix_pw.runtime.fetch import fetch
 from tunix_pw.sampling.rollout import SamplingConfig

@@ -14,15 +14,14 @@ from flax import nnx
 import jax
 import numpy as np
 
-from tunix_pw import compile_only
-from tunix_pw.models import checkpoints
-from tunix_pw.models import value
+from tunix_pw import compile_only, registry
+from tunix_pw.models import blocks, checkpoints, value
 from tunix_pw.rl import batch as batch_lib, judge, loss as loss_lib, phases
-from tunix_pw.rl import registry, reward_model
+from tunix_pw.rl import reward_model
 from tunix_pw.runtime import meshes as meshes_lib, reshard
 from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.sampling.rollout import SamplingConfig
-from tunix_pw.train import distill_losses, program, scoring, setup
+from tunix_pw.train import distill_losses, program, scoring
 
 
 def total_updates(config: Any) -> int:
@@ -73,7 +72,7 @@ def teacher_shapes(config: Any, count: int
     return {}
   rl, k = config.rl, config.distill.top_k
   rows = (count, rl.max_prompt_length + rl.max_new_tokens,
-          k or setup.architecture(config.teacher).vocab_size)
+          k or blocks.architecture(config.teacher).vocab_size)
   return {'teacher_logits': (rows, np.float32),
           **({'teacher_indices': (rows, np.int32)} if k else {})}
 

@@ -16,11 +16,11 @@ import re
 
 import numpy as np
 
+from tunix_pw import registry
 from tunix_pw.errors import UsageError
 from tunix_pw.rl import math_equal as math_lib
-from tunix_pw.rl import registry
 from tunix_pw.train.evaluate import EXACT, Verifier
-from tunix_pw.rl.registry import register
+from tunix_pw.registry import register
 
 _NUMBER = re.compile(r'-?\d[\d,]*(?:\.\d+)?')
 

@@ -15,17 +15,24 @@ al. 2015, arXiv 1503.02531).
 - generalised JSD(beta) (Agarwal et al. 2024, GKD, arXiv 2306.13649, eq. 2):
   beta KL(p_T || m) + (1 - beta) KL(p_S || m), m = beta p_T +
   (1 - beta) p_S; beta -> 0 and 1 approach the two KLs (scaled by beta).
+
+Attention and feature distillation pair layers (`layer_map`); feature
+distillation trains a projection of the student's layer outputs to the
+teacher's width with the student (`attach_projection`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from tunix_pw.rl import registry
-from tunix_pw.rl.registry import register
+from tunix_pw import registry
+from tunix_pw.errors import UsageError
+from tunix_pw.models import blocks, lora
+from tunix_pw.registry import register
 
 
 def top_k(teacher_logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
@@ -119,3 +126,44 @@ def feature(student: jax.Array, teacher: jax.Array, real: jax.Array, *,
         has.sum(), 1)
   per_position = ((student - teacher) ** 2).mean(-1)
   return (per_position * real).sum() / jnp.maximum(real.sum(), 1)
+
+
+def layer_map(config: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+  """(student layers, teacher layers) of `distill.layers` ('0:1,3:5'); by
+  default each student layer with the teacher's at the same relative depth
+  (the last with the last)."""
+  sizes = [blocks.architecture(b).num_layers for b in (config.model,
+                                                      config.teacher)]
+  spec = config.distill.layers
+  try:
+    pairs = ([tuple(int(i) for i in p.split(':')) for p in spec.split(',')]
+             if spec else [(i, round((i + 1) * sizes[1] / sizes[0]) - 1)
+                           for i in range(sizes[0])])
+    if any(len(p) != 2 for p in pairs):
+      raise ValueError
+  except ValueError:
+    raise UsageError(f'--config.distill.layers={spec!r} must be student:'
+                     "teacher layer pairs, e.g. '0:1,3:5'.") from None
+  for (s, t) in pairs:
+    if not (0 <= s < sizes[0] and 0 <= t < sizes[1]):
+      raise UsageError(f'--config.distill.layers pairs student layer {s} '
+                       f'with teacher layer {t}, but the student has '
+                       f'{sizes[0]} layers and the teacher {sizes[1]}.')
+  return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+
+
+class DistillProjection(lora.LoRAParam):
+  """Trained with the student, adapters or not; never exported."""
+
+
+def attach_projection(model: nnx.Module, config: Any) -> None:
+  """Feature distillation's learned projection of the mapped student
+  layers' outputs to the teacher's width, [mapped, D_student, D_teacher],
+  starting at the identity's corner (`setup.attach` adds it,
+  `setup.detach_projection` drops it)."""
+  student, _ = layer_map(config)
+  d_s, d_t = (blocks.architecture(b).embed_dim for b in (config.model,
+                                                        config.teacher))
+  model.distill_projection = DistillProjection(
+      jnp.broadcast_to(jnp.eye(d_s, d_t), (len(student), d_s, d_t)),
+      axes=(None, 'embed', None))

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from tunix_pw.rl.registry import register
+from tunix_pw.registry import register
 
 
 class Pair(NamedTuple):

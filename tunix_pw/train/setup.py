@@ -4,61 +4,27 @@ held-out prompts."""
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
 from flax import nnx
 import jax
 
-from tunix_pw import workdir as workdir_lib
+from tunix_pw import registry, workdir as workdir_lib
 from tunix_pw.data import formats
 from tunix_pw.data.builders import decode
 from tunix_pw.errors import UsageError
-from tunix_pw.models import checkpoints, hf, lora, presets, tokenizers
+from tunix_pw.models import blocks, checkpoints, hf, lora, tokenizers
 from tunix_pw.models.decoder import Decoder
 from tunix_pw.models.config import ModelConfig
 from tunix_pw.models.tokenizers import Tokenizer
-from tunix_pw.rl import registry
 from tunix_pw.train import checkpoint as checkpoint_lib
-from tunix_pw.train import distill_losses  # pylint: disable=unused-import (registers)
-import ml_collections
+from tunix_pw.train import distill_losses
 
 
 def check_lora_block(block: Any) -> None:
   if block.rank < 0 or (block.rank and block.alpha <= 0):
     raise UsageError(f'--config.lora.rank={block.rank} must be >= 0 (0: off) '
                      f'and alpha={block.alpha} positive.')
-
-
-def _trained_config(workdir: str) -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(json.loads(workdir_lib.read_text(
-      workdir_lib.path(workdir, workdir_lib.CONFIG))))
-
-
-def architecture(block: Any) -> ModelConfig:
-  """A model block's architecture, from shapes only: a trained workdir's
-  model, a visible Hugging Face checkpoint's config, or the preset."""
-  if workdir_lib.is_trained(block.checkpoint):
-    return architecture(_trained_config(block.checkpoint).model)
-  if (block.checkpoint and os.path.isdir(block.checkpoint) and
-      checkpoints.detect(block.checkpoint) == checkpoints.HF):
-    return hf.read_config(block.checkpoint)
-  return presets.PRESETS[block.preset]
-
-
-def tokenizer_source(block: Any) -> str:
-  """Where a model block's tokenizer lives: its own, its checkpoint's, a
-  trained workdir's, or 'char' (the built-in character tokenizer)."""
-  if block.tokenizer:
-    return block.tokenizer
-  if workdir_lib.is_trained(block.checkpoint):
-    return tokenizer_source(_trained_config(block.checkpoint).model)
-  return block.checkpoint or 'char'
-
-
-def tokenizer(block: Any) -> Tokenizer:
-  return tokenizers.load(tokenizer_source(block))
 
 
 def check_logit_distillation(d: Any) -> None:
@@ -81,17 +47,19 @@ def check_same_tokenizer(model: Any, teacher: Any) -> None:
   """A teacher's log-probabilities compare with the student's token by
   token: the teacher (a model block) must tokenize as the student (`model`)
   does and share its vocabulary."""
-  student_tok, teacher_tok = tokenizer(model), tokenizer(teacher)
-  sizes = [architecture(b).vocab_size for b in (model, teacher)]
+  student_tok, teacher_tok = (blocks.tokenizer(model),
+                              blocks.tokenizer(teacher))
+  sizes = [blocks.architecture(b).vocab_size for b in (model, teacher)]
   same = (sizes[0] == sizes[1] and all(
       getattr(student_tok, a) == getattr(teacher_tok, a)
       for a in ('vocab_size', 'pad_id', 'bos_id', 'eos_id', 'stop_ids')) and
           student_tok.encode(PROBE) == teacher_tok.encode(PROBE))
   if not same:
     raise UsageError(
-        f'the teacher ({tokenizer_source(teacher)}, {sizes[1]} logits) does '
-        f"not share the student's tokenizer ({tokenizer_source(model)}, "
-        f'{sizes[0]} logits): distillation compares next-token '
+        f'the teacher ({blocks.tokenizer_source(teacher)}, {sizes[1]} '
+        "logits) does not share the student's tokenizer "
+        f'({blocks.tokenizer_source(model)}, {sizes[0]} logits): '
+        'distillation compares next-token '
         'distributions id by id.')
 
 
@@ -102,7 +70,7 @@ def export(config: Any, model: nnx.Module) -> None:
   lora.merge(model)
   detach_projection(model)
   hf.save(config.export, model.cfg, nnx.state(model))
-  tokenizers.save(tokenizer_source(config.model), config.export)
+  tokenizers.save(blocks.tokenizer_source(config.model), config.export)
 
 
 def model_from_block(block: Any, *, seed: int, mesh: Any,
@@ -112,7 +80,7 @@ def model_from_block(block: Any, *, seed: int, mesh: Any,
   init of the preset."""
   if not workdir_lib.is_trained(block.checkpoint):
     return checkpoints.from_block(block, seed=seed, mesh=mesh, rules=rules)
-  trained = _trained_config(block.checkpoint)
+  trained = blocks.trained_config(block.checkpoint)
   model, cfg = policy(trained, mesh, rules)
   graphdef, params, frozen = split(model, trained.lora.rank > 0)
   params = checkpoint_lib.latest_params(block.checkpoint, params)
@@ -127,7 +95,7 @@ def init_program(block: Any, *, seed: int, mesh: Any, rules: Any) -> Any:
   names when it has no checkpoint (`checkpoints.init_program`), or None."""
   if block.checkpoint:
     return None
-  return checkpoints.init_program(architecture(block), seed, mesh=mesh,
+  return checkpoints.init_program(blocks.architecture(block), seed, mesh=mesh,
                                   rules=rules,
                                   **checkpoints.model_kwargs(block))[0]
 
@@ -150,7 +118,7 @@ def policy(config: Any, mesh: Any,
 
 def attach(model: Decoder, config: Any) -> bool:
   """Adds what `config` trains beyond the model's own weights: LoRA
-  adapters, and feature distillation's projection (jobs/distill.py).
+  adapters, and feature distillation's projection (train/distill_losses.py).
   Returns whether anything was added."""
   if config.lora.rank:
     lora.apply(model, config.lora.targets, config.lora.rank,
@@ -158,13 +126,12 @@ def attach(model: Decoder, config: Any) -> bool:
                quantize=config.lora.quantize)
   feature = config.job == 'distill' and config.distill.strategy == 'feature'
   if feature:
-    from tunix_pw.jobs import distill  # pylint: disable=g-import-not-at-top
-    distill.attach_projection(model, config)
+    distill_losses.attach_projection(model, config)
   return bool(config.lora.rank or feature)
 
 
 def detach_projection(model: nnx.Module) -> None:
-  """Drops a feature-distilled student's projection (jobs/distill.py): the
+  """Drops a feature-distilled student's projection (train/distill_losses.py): the
   model is an ordinary one again, for export and for loads."""
   if hasattr(model, 'distill_projection'):
     del model.distill_projection
