@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from tunix_pw import compile_only
 from tunix_pw.agents import envs as envs_lib, episodes as episodes_lib
 from tunix_pw.data import builders, pipeline
 from tunix_pw.errors import InfrastructureError, UsageError
@@ -29,7 +28,7 @@ from tunix_pw.jobs import grpo
 from tunix_pw.rl import phases
 from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.preemption import Preemption
-from tunix_pw.train import evaluate, setup
+from tunix_pw.train import evaluate, plans, setup
 
 REWARDS = {'': [('exact_answer', 1.0)]}  # the environment's, per episode
 
@@ -193,7 +192,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
 
 
 def turn_phases(config: Any, rollout_model: Any,
-                rollout_mesh: Any) -> list[compile_only.Phase]:
+                rollout_mesh: Any) -> list[plans.Phase]:
   """What the rollout engine generates: the training episodes' turns
   (sampled; up to agent.max_concurrent at once, or a step's every episode
   in lockstep) and the held-out episodes' (greedy), each turn's context up
@@ -208,7 +207,7 @@ def turn_phases(config: Any, rollout_model: Any,
     turns.append(('held-out turns', min(config.eval_batch_size,
                                         config.eval_examples),
                   dataclasses.replace(sampling, greedy=True)))
-  return [compile_only.generation_phase(
+  return [plans.generation_phase(
       name, 'rollout', rollout_model, rollout_mesh, rules,
       episodes_lib.batch(n, quantum(rollout_mesh, rules)),
       rl.max_prompt_length, how) for name, n, how in turns]

@@ -32,7 +32,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tunix_pw import compile_only
 from tunix_pw.data import pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.jobs import sft
@@ -40,7 +39,7 @@ from tunix_pw.models import blocks, checkpoints
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard, sharding
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.sharding import Sharder
-from tunix_pw.train import distill_losses, program, scoring, setup
+from tunix_pw.train import distill_losses, plans, program, scoring, setup
 from tunix_pw.train import step as step_lib
 
 STRATEGIES = ('logit', 'attention', 'feature')
@@ -164,27 +163,27 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
   tokens = {k: (rows, np.int32)
             for k in ('tokens', 'positions', 'segment_ids', 'loss_mask')}
   rules, mesh = config.sharding, teacher_mesh(meshes)
-  teacher = compile_only.abstract_frozen(config.teacher, mesh, rules)
-  state = compile_only.on_mesh(nnx.state(teacher), mesh, rules)
+  teacher = plans.abstract_frozen(config.teacher, mesh, rules)
+  state = plans.on_mesh(nnx.state(teacher), mesh, rules)
   compiled = teacher_program(config, nnx.graphdef(teacher), mesh).lower(
-      state, compile_only.batch_on(mesh, rules, tokens)).compile()
-  phase = compile_only.Phase(
+      state, plans.batch_on(mesh, rules, tokens)).compile()
+  phase = plans.Phase(
       'teacher outputs', next(r for r, m in meshes.by_role.items()
                               if m is mesh),
-      lambda: [compiled] + compile_only.init_programs(
+      lambda: [compiled] + plans.init_programs(
           config.teacher, config.seed, mesh, rules),
-      resident_args=compile_only.per_device(state))
+      resident_args=plans.per_device(state))
   resident = {'actor': program.resident(policy)}
   resident.setdefault(phase.role, {})['teacher'] = phase.resident_args
   outputs = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=s) for (
       k, (shape, dtype)), s in zip(sorted(target_shapes(config).items()),
                                    jax.tree.leaves(compiled.output_shardings))}
-  targets = outputs if mesh is policy.mesh else compile_only.batch_on(
+  targets = outputs if mesh is policy.mesh else plans.batch_on(
       policy.mesh, rules, target_shapes(config))
-  return sft.evaluation_plan(config, policy, compile_only.Plan(resident, [
-      program.train_phase(policy, {**compile_only.batch_on(
+  return sft.evaluation_plan(config, policy, plans.Plan(resident, [
+      program.train_phase(policy, {**plans.batch_on(
           policy.mesh, rules, tokens), **targets}), phase], [] if (
-              mesh is policy.mesh) else [compile_only.Transfer(
+              mesh is policy.mesh) else [plans.Transfer(
                   "the teacher's outputs", outputs, targets,
                   reshard.Budget.from_block(config.runtime),
                   (phase.role, 'actor'))]))

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tunix_pw import checks, compile_only, registry
+from tunix_pw import checks, registry
 from tunix_pw.data import builders, formats, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.models import blocks, checkpoints
@@ -26,7 +26,7 @@ from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.fetch import fetch
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.sharding import Sharder
-from tunix_pw.train import loop, losses, metrics, optim, program, scoring
+from tunix_pw.train import loop, losses, metrics, optim, plans, program, scoring
 from tunix_pw.train import setup
 from tunix_pw.train import step as step_lib
 
@@ -163,23 +163,23 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
   references = {} if algorithm == 'orpo' else {
       f'ref_{side}': ((rows,), np.float32) for side in names}
   full_state = nnx.state(policy.model())
-  out = compile_only.Plan(
+  out = plans.Plan(
       {'actor': program.resident(policy)},
-      [program.train_phase(policy, compile_only.batch_on(
+      [program.train_phase(policy, plans.batch_on(
           policy.mesh, rules, {**pairs, **references})),
-       compile_only.logps_phase(
+       plans.logps_phase(
            'evaluation', meshes, policy.mesh, full_state, rules,
            lambda mesh, state: make_logps(
                config, policy.full_graphdef, mesh).lower(
-                   state, compile_only.batch_on(mesh, rules, batch(
+                   state, plans.batch_on(mesh, rules, batch(
                        config.eval_batch_size, SIDES))))])
   if references:
     def lower(mesh, state):  # the train batch's sides, held-out pairs
       return [make_logps(config, policy.full_graphdef, mesh, sides_).lower(
-          state, compile_only.batch_on(mesh, rules, shapes))
+          state, plans.batch_on(mesh, rules, shapes))
               for sides_, shapes in ((names, pairs), (SIDES, batch(
                   config.eval_batch_size, SIDES)))]
-    compile_only.reference_phase(config, meshes, full_state, lower, out)
+    plans.reference_phase(config, meshes, full_state, lower, out)
   return out
 
 

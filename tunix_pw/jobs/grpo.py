@@ -23,7 +23,7 @@ from flax import nnx
 import jax
 import numpy as np
 
-from tunix_pw import compile_only, console
+from tunix_pw import console
 from tunix_pw.models import blocks
 from tunix_pw.rl import config_checks, phases
 from tunix_pw.rl import asynchronous, batch as batch_lib, judge as judge_lib
@@ -32,7 +32,7 @@ from tunix_pw.rl import reward_model, rewards
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.sampling.sampler import Sampler, make_sampler
-from tunix_pw.train import evaluate, loop, program, scoring, setup
+from tunix_pw.train import evaluate, loop, plans, program, scoring, setup
 
 
 validate = config_checks.validate  # the job's static checks
@@ -311,7 +311,7 @@ def report(parts: Parts, writer: Any, done: int, values: dict[str, float],
 
 
 def generation(config: Any, rollout_model: Any,
-               rollout_mesh: Any) -> list[compile_only.Phase]:
+               rollout_mesh: Any) -> list[plans.Phase]:
   """What the rollout engine generates: a step's samples and the held-out
   evaluation's."""
   return [plan_lib.rollout_phase(config, rollout_model, rollout_mesh),
@@ -319,8 +319,8 @@ def generation(config: Any, rollout_model: Any,
 
 
 def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes,
-                 generation: Callable[..., list[compile_only.Phase]] = (
-                     generation)) -> compile_only.Plan:
+                 generation: Callable[..., list[plans.Phase]] = (
+                     generation)) -> plans.Plan:
   """This job's programs, from shapes, for compile-only checks: what
   `plan` builds for a run (the train step, the logps passes), the rollout
   engine's programs (`generation(config, rollout_model, rollout_mesh)`),
@@ -330,7 +330,7 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes,
   programs = plan_lib.plan(config, meshes, abstract=True)
   policy, rollout_mesh = programs.policy, meshes['rollout']
   full_state = nnx.state(policy.model())
-  rollout_model = nnx.merge(policy.full_graphdef, compile_only.with_shardings(
+  rollout_model = nnx.merge(policy.full_graphdef, plans.with_shardings(
       full_state, programs.rollout_shardings))
 
   def lower_logps(mesh, params_state):
@@ -338,7 +338,7 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes,
         config, rl.logps_micro_batch_size, mesh, phases.SEQUENCES))
 
   resident = {'actor': program.resident(policy),
-              'rollout': {'rollout copy': compile_only.per_device(
+              'rollout': {'rollout copy': plans.per_device(
                   nnx.state(rollout_model))}}
   plan_phases = [
       program.train_phase(policy, plan_lib.batch_shapes(
@@ -348,16 +348,16 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes,
               else ()))),
       *generation(config, rollout_model, rollout_mesh),
       *plan_lib.scorer_phases(config, meshes, resident)]
-  out = compile_only.Plan(resident, plan_phases, [compile_only.Transfer(
+  out = plans.Plan(resident, plan_phases, [plans.Transfer(
       'weight sync', policy.params,
-      compile_only.on_mesh(policy.params, rollout_mesh, rules),
+      plans.on_mesh(policy.params, rollout_mesh, rules),
       programs.sync, held=True)])
   if 'old_logps' in programs.needed:
-    plan_phases.append(compile_only.logps_phase(
+    plan_phases.append(plans.logps_phase(
         'old logps', meshes, policy.mesh, full_state, rules, lower_logps))
   if rl.advantage == phases.DISTILL:
     plan_phases.append(plan_lib.teacher_phase(config, meshes, resident))
   elif 'ref_logps' in programs.needed:
-    compile_only.reference_phase(config, meshes, full_state, lower_logps, out)
+    plans.reference_phase(config, meshes, full_state, lower_logps, out)
   out.transfers.append(plan_lib.to_actor_transfer(config, meshes, programs))
   return out

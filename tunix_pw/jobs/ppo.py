@@ -19,7 +19,6 @@ from typing import Any
 import flax
 from flax import nnx
 
-from tunix_pw import compile_only
 from tunix_pw.errors import UsageError
 from tunix_pw.jobs import grpo
 from tunix_pw.models import checkpoints
@@ -27,7 +26,7 @@ from tunix_pw.rl import critic as critic_lib, phases, plan as plan_lib
 from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.fetch import fetch
 from tunix_pw.runtime.preemption import Preemption
-from tunix_pw.train import optim, program, setup
+from tunix_pw.train import optim, plans, program, setup
 from tunix_pw.train.step import TrainState
 
 
@@ -155,11 +154,11 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
           phases.SEQUENCES + ('loss_mask', 'weights'),
           token_names=('returns', 'old_values')), name='critic train step',
                           role=role),
-      compile_only.Phase(
+      plans.Phase(
           'critic values', role, lambda: [values.lower(
               params, plan_lib.batch_shapes(config, rl.logps_micro_batch_size,
                                         critic.mesh, phases.SEQUENCES)
-          ).compile()], resident_args=compile_only.per_device(params))]
+          ).compile()], resident_args=plans.per_device(params))]
   plan.resident.setdefault(role, {}).update(
       {f'critic {k}': v for k, v in program.resident(critic).items()})
   return plan

@@ -17,7 +17,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from tunix_pw import checks, compile_only
+from tunix_pw import checks
 from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.models import blocks, checkpoints, hf, tokenizers, value
@@ -26,7 +26,7 @@ from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.fetch import fetch
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.sharding import Sharder
-from tunix_pw.train import loop, losses, optim, program, setup
+from tunix_pw.train import loop, losses, optim, plans, program, setup
 
 SIDES = ('chosen', 'rejected')
 KEYS = ('tokens', 'positions', 'segment_ids', 'loss_mask')
@@ -131,16 +131,16 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
   mesh, rules = model_program.mesh, config.sharding
 
   def pairs_of(rows: int) -> dict[str, Any]:
-    return compile_only.batch_on(mesh, rules, {
+    return plans.batch_on(mesh, rules, {
         f'{side}_{key}': ((rows, config.data.max_length), jnp.int32)
         for side in SIDES for key in KEYS})
 
   margins = margins_program(config, model_program)
-  return compile_only.Plan({'actor': program.resident(model_program)}, [
+  return plans.Plan({'actor': program.resident(model_program)}, [
       program.train_phase(model_program, pairs_of(config.batch_size)),
-      compile_only.Phase('evaluation', 'actor', lambda: [margins.lower(
+      plans.Phase('evaluation', 'actor', lambda: [margins.lower(
           model_program.params, pairs_of(config.eval_batch_size)).compile()],
-                         resident_args=compile_only.per_device(
+                         resident_args=plans.per_device(
                              model_program.params))])
 
 

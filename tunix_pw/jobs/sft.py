@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tunix_pw import checks, compile_only
+from tunix_pw import checks
 from tunix_pw.agents import envs, episodes as episodes_lib
 from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
@@ -25,7 +25,7 @@ from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.sampling.rollout import SamplingConfig
 from tunix_pw.sampling.sampler import make_sampler
-from tunix_pw.train import evaluate, loop, optim, program, setup
+from tunix_pw.train import evaluate, loop, optim, plans, program, setup
 from tunix_pw.train import step as step_lib
 
 
@@ -92,16 +92,16 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
   held-out evaluation's."""
   policy = plan(config, meshes, abstract=True)
   shape = (config.batch_size, config.data.max_length)
-  batch = compile_only.batch_on(policy.mesh, config.sharding, {
+  batch = plans.batch_on(policy.mesh, config.sharding, {
       k: (shape, np.int32)
       for k in ('tokens', 'positions', 'segment_ids', 'loss_mask')})
-  return evaluation_plan(config, policy, compile_only.Plan(
+  return evaluation_plan(config, policy, plans.Plan(
       {'actor': program.resident(policy)},
       [program.train_phase(policy, batch)]))
 
 
 def evaluation_plan(config: Any, policy: program.Program,
-                    out: compile_only.Plan) -> compile_only.Plan:
+                    out: plans.Plan) -> plans.Plan:
   """`out` with the held-out evaluation's programs (greedy generation on
   the actor: prompts up to `max_length`, or an agent's turns, contexts up
   to what leaves room to answer) and the policy's move into its sampler."""
@@ -113,11 +113,11 @@ def evaluation_plan(config: Any, policy: program.Program,
         min(batch, config.eval_examples),
         agentic.quantum(policy.mesh, config.sharding))
     prompts -= config.eval_max_new_tokens
-  out.phases.append(compile_only.generation_phase(
+  out.phases.append(plans.generation_phase(
       'evaluation', 'actor', policy.model(), policy.mesh, config.sharding,
       batch, prompts, SamplingConfig(config.eval_max_new_tokens,
                                      greedy=True)))
-  out.transfers.append(compile_only.Transfer(
+  out.transfers.append(plans.Transfer(
       'evaluation weights', policy.params, policy.params,
       reshard.Budget.from_block(config.runtime), ('actor', 'actor')))
   return out

@@ -18,12 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tunix_pw import compile_only
 from tunix_pw.models import blocks, checkpoints, decoder, value
 from tunix_pw.rl import functions, phases
 from tunix_pw.rl import plan as plan_lib
 from tunix_pw.runtime.sharding import Sharder
-from tunix_pw.train import program, setup
+from tunix_pw.train import plans, program, setup
 
 INITS = ('policy', 'model')
 BATCH = phases.SEQUENCES + ('loss_mask', 'weights', 'returns', 'old_values')
@@ -61,7 +60,7 @@ def abstract_model(block: Any, seed: int, on: Any,
       cfg, rngs=nnx.Rngs(seed), **checkpoints.model_kwargs(block)),
                                                   rngs=nnx.Rngs(seed)))
   graphdef, state = nnx.split(model)
-  return nnx.merge(graphdef, compile_only.on_mesh(state, on, rules))
+  return nnx.merge(graphdef, plans.on_mesh(state, on, rules))
 
 
 def build(config: Any, meshes: Any, *, abstract: bool) -> program.Program:

@@ -14,14 +14,14 @@ from flax import nnx
 import jax
 import numpy as np
 
-from tunix_pw import compile_only, registry
+from tunix_pw import registry
 from tunix_pw.models import blocks, checkpoints, value
 from tunix_pw.rl import batch as batch_lib, judge, loss as loss_lib, phases
 from tunix_pw.rl import reward_model
 from tunix_pw.runtime import meshes as meshes_lib, reshard
 from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.sampling.rollout import SamplingConfig
-from tunix_pw.train import distill_losses, program, scoring
+from tunix_pw.train import distill_losses, plans, program, scoring
 
 
 def total_updates(config: Any) -> int:
@@ -149,14 +149,14 @@ def batch_shapes(config: Any, count: int, mesh: Any,
   shapes.update({k: ((count, length - 1), np.float32) for k in token_names})
   if keys is None:
     shapes.update(teacher_shapes(config, count))
-  return compile_only.batch_on(mesh, config.sharding, shapes)
+  return plans.batch_on(mesh, config.sharding, shapes)
 
 
 def rollout_phase(config: Any, rollout_model: Any,
-                  rollout_mesh: Any) -> compile_only.Phase:
+                  rollout_mesh: Any) -> plans.Phase:
   """The rollout engine's program for one step's samples."""
   rl = config.rl
-  return compile_only.generation_phase(
+  return plans.generation_phase(
       'rollout', 'rollout', rollout_model, rollout_mesh, config.sharding,
       rl.prompts_per_step, rl.max_prompt_length, dataclasses.replace(
           phases.sampling(rl), generations=rl.num_generations),
@@ -164,14 +164,14 @@ def rollout_phase(config: Any, rollout_model: Any,
 
 
 def evaluation_phases(config: Any, rollout_model: Any,
-                      rollout_mesh: Any) -> list[compile_only.Phase]:
+                      rollout_mesh: Any) -> list[plans.Phase]:
   """The held-out evaluation's generation on the rollout engine: greedy
   and, with --config.eval_k, sampled; prompts up to the rollout's length."""
   rl = config.rl
   if not config.eval_examples:
     return []
   greedy = SamplingConfig(max_new_tokens=rl.max_new_tokens, greedy=True)
-  return [compile_only.generation_phase(
+  return [plans.generation_phase(
       name, 'rollout', rollout_model, rollout_mesh, config.sharding,
       config.eval_batch_size, rl.max_prompt_length, sampling, rl.decode_chunk)
           for name, sampling in [('evaluation', greedy)] + (
@@ -183,23 +183,23 @@ def evaluation_phases(config: Any, rollout_model: Any,
 
 def scorer_phases(config: Any, meshes: meshes_lib.RoleMeshes,
                   resident: dict[str, dict[str, int]]
-                  ) -> list[compile_only.Phase]:
+                  ) -> list[plans.Phase]:
   """The reward model's scores and the judge's greedy answers of a
   round's samples on the rollout mesh, their weights resident there."""
   rl, mesh, rules = config.rl, meshes['rollout'], config.sharding
   out = []
   if rl.reward_model:
     graphdef, state = nnx.split(value.abstract(rl.reward_model))
-    state = compile_only.on_mesh(state, mesh, rules)
+    state = plans.on_mesh(state, mesh, rules)
     score = reward_model.program(graphdef, mesh, rules)
     rows = batch_shapes(config, rl.logps_micro_batch_size, mesh,
                         phases.SEQUENCES)
-    out.append(compile_only.Phase(
+    out.append(plans.Phase(
         'reward model', 'rollout', lambda: [score.lower(state, rows).compile()],
-        resident_args=compile_only.per_device(state), bounded=True))
+        resident_args=plans.per_device(state), bounded=True))
   if rl.judge:
-    out.append(compile_only.generation_phase(
-        'judge', 'rollout', compile_only.abstract_frozen(
+    out.append(plans.generation_phase(
+        'judge', 'rollout', plans.abstract_frozen(
             judge.model_block(config), mesh, rules), mesh, rules,
         rl.prompts_per_step * rl.num_generations, rl.judge_max_prompt_length,
         judge.sampling(rl)))
@@ -209,13 +209,13 @@ def scorer_phases(config: Any, meshes: meshes_lib.RoleMeshes,
 
 
 def teacher_phase(config: Any, meshes: meshes_lib.RoleMeshes,
-                  resident: dict[str, dict[str, int]]) -> compile_only.Phase:
+                  resident: dict[str, dict[str, int]]) -> plans.Phase:
   """On-policy distillation's teacher: its log-probabilities of the
   samples (and logits) on the reference role's mesh, its weights resident
   there."""
   mesh, rules = scoring.reference_mesh(config, meshes), config.sharding
-  teacher = compile_only.abstract_frozen(config.teacher, mesh, rules)
-  phase = compile_only.logps_phase(
+  teacher = plans.abstract_frozen(config.teacher, mesh, rules)
+  phase = plans.logps_phase(
       'teacher logps', meshes, mesh, nnx.state(teacher), rules,
       lambda mesh, state: make_teacher(
           config, mesh, nnx.graphdef(teacher)).lower(
@@ -224,11 +224,11 @@ def teacher_phase(config: Any, meshes: meshes_lib.RoleMeshes,
                   phases.SEQUENCES)))
   resident.setdefault(phase.role, {})['teacher'] = phase.resident_args
   return dataclasses.replace(phase, compile=lambda: phase.compile() + (
-      compile_only.init_programs(config.teacher, config.seed, mesh, rules)))
+      plans.init_programs(config.teacher, config.seed, mesh, rules)))
 
 
 def to_actor_transfer(config: Any, meshes: meshes_lib.RoleMeshes,
-                      programs: Plan) -> compile_only.Transfer:
+                      programs: Plan) -> plans.Transfer:
   """The log-probabilities (and a teacher's outputs) an update needs,
   from the mesh that computed them onto the actor's (`phases.to_actor`)."""
   rl, rules, actor = config.rl, config.sharding, programs.policy.mesh
@@ -240,9 +240,9 @@ def to_actor_transfer(config: Any, meshes: meshes_lib.RoleMeshes,
   if rl.advantage == phases.DISTILL:
     shapes.update(teacher_shapes(config, count))
     source.update({k: source['ref_logps'] for k in shapes})
-  sources = {k: compile_only.batch_on(source[k], rules, {k: v})[k]
+  sources = {k: plans.batch_on(source[k], rules, {k: v})[k]
              for k, v in shapes.items()}
-  targets = compile_only.batch_on(actor, rules, shapes)
-  return compile_only.Transfer(
+  targets = plans.batch_on(actor, rules, shapes)
+  return plans.Transfer(
       'log-probabilities to actor', sources, targets, programs.sync,
       (next(r for r, m in meshes.by_role.items() if m is actor), 'actor'))

@@ -18,9 +18,8 @@ from typing import Any
 from flax import nnx
 import jax
 
-from tunix_pw import compile_only
 from tunix_pw.models import decoder
-from tunix_pw.train import optim, setup
+from tunix_pw.train import optim, plans, setup
 from tunix_pw.train import step as step_lib
 
 LossFn = Callable[..., Any]  # (model, batch, rng) -> (loss_sum, sums)
@@ -52,7 +51,7 @@ def build(config: Any, mesh: Any, loss_fn: LossFn, *, micro_batches: int,
   """The policy of `config` on `mesh` and its train step, which
   accumulates `loss_fn` over `micro_batches` per update; the optimizer's
   schedule spans `total_updates`."""
-  model = (compile_only.abstract_policy(config, mesh) if abstract
+  model = (plans.abstract_policy(config, mesh) if abstract
            else setup.policy(config, mesh)[0])
   return from_model(model, mesh, loss_fn, use_lora=config.lora.rank > 0,
                     optimizer=config.optimizer, seed=config.seed,
@@ -91,13 +90,13 @@ def _unrolled(loss_fn: LossFn, model: nnx.Module, *args: Any) -> Any:
 
 
 def train_phase(program: Program, batch: dict[str, Any],
-                **where: str) -> compile_only.Phase:
+                **where: str) -> plans.Phase:
   """The compile-only phase of `program`'s train step on `batch`
   (shapes); `where`: its name and role (default: the actor's)."""
-  return compile_only.train_phase(program.train_step, program.state,
+  return plans.train_phase(program.train_step, program.state,
                                   program.frozen, batch, init=program.init,
                                   **where)
 
 
 def resident(program: Program) -> dict[str, int]:
-  return compile_only.actor_resident(program.state, program.frozen)
+  return plans.actor_resident(program.state, program.frozen)
