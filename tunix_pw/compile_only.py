@@ -28,6 +28,7 @@ from tunix_pw import workdir as workdir_lib
 from tunix_pw.errors import UsageError
 from tunix_pw.runtime import backend, meshes as meshes_lib, topology
 from tunix_pw.train import plans
+from tunix_pw.train.plans import size
 
 @dataclasses.dataclass
 class _Measured:
@@ -117,13 +118,13 @@ def _device_groups(meshes: Any, plan: Any, measured: list[Any],
                peak=peak, hbm=hbm)
     rows.append(row)
     print(f'devices {_span(ids)}: {", ".join(roles)}\n'
-          '  resident  ' + (' + '.join(f'{k} {plans.size(v)}'
+          '  resident  ' + (' + '.join(f'{k} {size(v)}'
                                        for k, v in resident.items()) or '-') +
-          f' = {plans.size(sum(resident.values()))}\n'
+          f' = {size(sum(resident.values()))}\n'
           '  phases    ' + ' | '.join(
-              f'{m.phase.name} {plans.size(m.transient)}' +
+              f'{m.phase.name} {size(m.transient)}' +
               (f' ({m.note})' if m.note else '') for m in phases) + '\n'
-          f'  peak      {plans.size(peak)} of {plans.size(hbm)} HBM ({peak / hbm:.0%})' +
+          f'  peak      {size(peak)} of {size(hbm)} HBM ({peak / hbm:.0%})' +
           (f', largest phase: {largest.phase.name}' if largest else ''),
           flush=True)
   return rows
@@ -178,12 +179,12 @@ def check(config: Any, job: Any, tpu_type: str, num_slices: int,
     (path / workdir_lib.COMPILE_REPORT).write_text(
         json.dumps(report, indent=1))
   print(f'compiled {sum(m.programs for m in measured)} programs in '
-        f'{seconds:.1f} s; peak {plans.size(worst["peak"])} per device of '
-        f'{plans.size(hbm)}: {"fits" if fits else "DOES NOT FIT"}', flush=True)
+        f'{seconds:.1f} s; peak {size(worst["peak"])} per device of '
+        f'{size(hbm)}: {"fits" if fits else "DOES NOT FIT"}', flush=True)
   if not fits:
     raise UsageError(
         f'the {config.job} job does not fit {num_slices} x {tpu.name}: '
         f'devices {_span(worst["devices"])} ({", ".join(worst["roles"])}) '
-        f'need {plans.size(worst["peak"])} of {plans.size(hbm)} HBM, the largest '
+        f'need {size(worst["peak"])} of {size(hbm)} HBM, the largest '
         f'phase being {worst["largest_phase"]}; use more chips, smaller '
         'micro batches, remat or bfloat16.')

@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 from tunix_pw.configs import grpo as grpo_config
-from tunix_pw.jobs import grpo
 from tunix_pw.models import tokenizers
-from tunix_pw.rl import batch as batch_lib, phases, plan as rl_plan
+from tunix_pw.rl import batch as batch_lib, phases, plan as rl_plan, trainer
 from tunix_pw.runtime import backend, meshes
 
 RUNTIME = backend.Runtime(backend.LOCAL, 'test', 0, 1, tuple(jax.devices()))
@@ -88,7 +87,7 @@ def test_reshard_group_mib_sizes_the_real_weight_sync(mib, groups):
   c = config(reshard_group_mib=mib)
   role_meshes = meshes.build(c.meshes, RUNTIME.devices)
   programs = rl_plan.plan(c, role_meshes, abstract=False)
-  engine = grpo.rollout_engine(c, programs, tokenizers.load('char'),
+  engine = trainer.rollout_engine(c, programs, tokenizers.load('char'),
                                role_meshes, RUNTIME)
   engine.update_weights(programs.policy.params)
   assert engine.last_sync.bytes > 3 << 20  # tiny-gemma: 3.7 MiB
@@ -104,7 +103,7 @@ def test_a_rollout_prefills_each_prompt_once():
   role_meshes = meshes.build(c.meshes, RUNTIME.devices)
   programs = rl_plan.plan(c, role_meshes, abstract=False)
   tokenizer = tokenizers.load('char')
-  engine = grpo.rollout_engine(c, programs, tokenizer, role_meshes, RUNTIME)
+  engine = trainer.rollout_engine(c, programs, tokenizer, role_meshes, RUNTIME)
   calls, generate = [], engine.generate
   engine.generate = lambda prompts, sampling: (
       calls.append((len(prompts), sampling.generations)),

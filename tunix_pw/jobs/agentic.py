@@ -6,35 +6,32 @@ each model turn sampled by the rollout engine, each tool call run under
 its time limit); an episode is one training sequence whose loss covers the
 model's own tokens, and its reward (the sum of its turns') is compared
 within its group. The update, the reference, the weight sync, checkpoints
-and preemption are GRPO's (`jobs/grpo.py`). Held-out evaluation plays one
+and preemption are GRPO's (`rl/trainer.py`). Held-out evaluation plays one
 greedy episode per problem.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 import concurrent.futures
 import dataclasses
 import functools
-import math
 from typing import Any
 
 import numpy as np
 
-from tunix_pw.agents import envs as envs_lib, episodes as episodes_lib
-from tunix_pw.data import builders, pipeline
+from tunix_pw.agents import envs as envs_lib, episodes as episodes_lib, runs
+from tunix_pw.data import pipeline
 from tunix_pw.errors import InfrastructureError, UsageError
-from tunix_pw.jobs import grpo
-from tunix_pw.rl import phases
+from tunix_pw.rl import config_checks, phases, trainer
 from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.preemption import Preemption
-from tunix_pw.train import evaluate, plans, setup
+from tunix_pw.train import plans, setup
 
 REWARDS = {'': [('exact_answer', 1.0)]}  # the environment's, per episode
 
 
 def validate(config: Any) -> None:
-  grpo.validate(config)
+  config_checks.validate(config)
   envs_lib.check(config.agent)
   agent, rl = config.agent, config.rl
   for field in ('max_turns', 'max_concurrent', 'tool_timeout',
@@ -49,46 +46,11 @@ def validate(config: Any) -> None:
                      'per-token advantage or --config.mixture.')
 
 
-def examples(source: Any, count: int) -> list[dict[str, Any]]:
-  """The first `count` examples of a split, as they are."""
-  return [dict(builders.decode(source[i]), index=i)
-          for i in range(min(count, len(source)))]
 
 
 def _keep(example: dict[str, Any], counters: pipeline.Counters):
   counters.examples += 1
   return example
-
-
-def quantum(mesh: Any, rules: Any) -> int:
-  """The mesh's data shards: a batch of turns is a multiple of them."""
-  return math.prod(mesh.shape.get(a, 1) for a in rules.batch.split(','))
-
-
-def collector(agent: Any, sampler: Any, tokenizer: Any, mesh: Any,
-              rules: Any, sampling: Any, max_context: int,
-              max_concurrent: int,
-              tools: concurrent.futures.Executor) -> episodes_lib.Collector:
-  """Episodes of --config.agent's task, each model turn sampled by
-  `sampler` (batches padded to a multiple of `mesh`'s data shards)."""
-  return episodes_lib.Collector(
-      episodes_lib.sampler_generate(sampler, sampling, quantum(mesh, rules)),
-      envs_lib.task(agent, tokenizer, tools), tokenizer, agent, max_context,
-      max_concurrent)
-
-
-def evaluate_episodes(collector: episodes_lib.Collector,
-                      examples: list[dict[str, Any]],
-                      seed: int) -> dict[str, float]:
-  """One episode per held-out problem: accuracy (with its 95% interval)
-  and the episodes' metrics, as eval/ scalars."""
-  found, counts = collector.collect(examples, seed)
-  correct = int(sum(e.solved for e in found))
-  low, high = evaluate.wilson_interval(correct, len(found))
-  return dict({f'eval/{k}': v for k, v in metrics(found, counts).items()},
-              **{'eval/accuracy': correct / max(len(found), 1),
-                 'eval/correct': correct, 'eval/total': len(found),
-                 'eval/ci_low': low, 'eval/ci_high': high})
 
 
 class Agent:
@@ -100,7 +62,7 @@ class Agent:
     self.config, self.tools = config, concurrent.futures.ThreadPoolExecutor(
         max(agent.max_concurrent, config.eval_batch_size), 'tool')
     sampling = phases.sampling(rl)
-    make = lambda sampling, concurrent: collector(
+    make = lambda sampling, concurrent: runs.collector(
         agent, sampler, tokenizer, mesh, config.sharding, sampling,
         rl.max_prompt_length, concurrent, self.tools)
     self.train = make(sampling, agent.max_concurrent)
@@ -121,14 +83,14 @@ class Agent:
     groups = episodes_lib.to_groups(found, g)
     return phases.Rollout(groups, group_weights(
         found, g, self.config.agent.max_sandbox_failures), dict(
-        metrics(found, counts), dropped=0, padded=0, rounds=0,
+        runs.metrics(found, counts), dropped=0, padded=0, rounds=0,
         reward_errors=0, generated=sum(sum(e.transcript.mask)
                                        for e in found)))
 
-  def evaluate(self, parts: grpo.Parts,
+  def evaluate(self, parts: trainer.Parts,
                heldout: list[dict[str, Any]]) -> dict[str, float]:
     del parts
-    return evaluate_episodes(self.eval, heldout, self.config.seed)
+    return runs.evaluate_episodes(self.eval, heldout, self.config.seed)
 
 
 def group_weights(episodes: list[episodes_lib.Episode], size: int,
@@ -148,26 +110,9 @@ def group_weights(episodes: list[episodes_lib.Episode], size: int,
   return weights
 
 
-def metrics(episodes: list[episodes_lib.Episode],
-            counts: Counter) -> dict[str, float]:
-  """The counts, with the fraction of calls that parsed, turns per episode
-  and the fraction of episodes that called a tool; with retries, the
-  fraction of wrong first answers that a later attempt fixed."""
-  n = max(len(episodes), 1)
-  calls = counts['tool_calls'] + counts['malformed_calls']
-  out = dict(counts, well_formed_calls=counts['tool_calls'] / max(calls, 1),
-             turns_per_episode=counts['model_turns'] / n,
-             tool_use=sum(e.info['tool_calls'] > 0 for e in episodes) / n)
-  if {'first_right', 'corrected', 'wrong_answers'} & set(counts):
-    out.update(first_right_fraction=counts['first_right'] / n,
-               fix_rate=counts['corrected'] / max(
-                   len(episodes) - counts['first_right'], 1))
-  return out
-
-
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
         workdir: str, preemption: Preemption) -> None:
-  common = grpo.engines(config, runtime, meshes)
+  common = trainer.engines(config, runtime, meshes)
   spec = pipeline.DataSpec.from_block(config.data)
   sources, _ = pipeline.prepare(spec, runtime)
   data = pipeline.Pipeline(
@@ -176,14 +121,14 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
       what=f'the train split of {spec.name}')
   agent = Agent(config, common['sampler'], common['tokenizer'],
                 meshes['rollout'])
-  parts = grpo.Parts(data=data, reward_weights=REWARDS,
+  parts = trainer.Parts(data=data, reward_weights=REWARDS,
                      collect=lambda index: agent.rollout(data, index),
                      **common)
   try:
-    state = grpo.train(parts, examples(sources['test'],
+    state = trainer.train(parts, runs.examples(sources['test'],
                                         config.eval_examples),
                        workdir, preemption, parts.plan.policy.state,
-                       grpo.step, name='agentic',
+                       trainer.step, name='agentic',
                        evaluate_fn=agent.evaluate)
   finally:
     agent.tools.shutdown(wait=False, cancel_futures=True)
@@ -209,8 +154,8 @@ def turn_phases(config: Any, rollout_model: Any,
                   dataclasses.replace(sampling, greedy=True)))
   return [plans.generation_phase(
       name, 'rollout', rollout_model, rollout_mesh, rules,
-      episodes_lib.batch(n, quantum(rollout_mesh, rules)),
+      episodes_lib.batch(n, runs.quantum(rollout_mesh, rules)),
       rl.max_prompt_length, how) for name, n, how in turns]
 
 
-compile_plan = functools.partial(grpo.compile_plan, generation=turn_phases)
+compile_plan = functools.partial(trainer.compile_plan, generation=turn_phases)

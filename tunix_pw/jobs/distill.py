@@ -106,7 +106,8 @@ def distill_loss(model, batch, rng, *, d: Any, student_layers: tuple,
 
 def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
          abstract: bool) -> program.Program:
-  student = distill_losses.layer_map(config)[0] if config.distill.strategy != 'logit' else ()
+  student = (distill_losses.layer_map(config)[0]
+             if config.distill.strategy != 'logit' else ())
   return sft.plan(config, meshes, abstract=abstract, loss=functools.partial(
       distill_loss, d=config.distill, student_layers=student))
 
@@ -121,7 +122,8 @@ def teacher_program(config: Any, graphdef: Any, mesh: Any):
   mapped layers' attention [B, layers, heads, T, T] or outputs [B, layers,
   T, D]."""
   shard, d = Sharder(mesh, config.sharding), config.distill
-  layers = jnp.asarray(distill_losses.layer_map(config)[1]) if d.strategy != 'logit' else ()
+  layers = (jnp.asarray(distill_losses.layer_map(config)[1])
+            if d.strategy != 'logit' else ())
 
   def outputs(state, batch):
     model = nnx.merge(graphdef, state)

@@ -19,19 +19,9 @@ from tunix_pw.sampling.sampler import make_sampler
 from tunix_pw.train import setup
 
 
-def sampling_config(block: Any) -> SamplingConfig:
-  """The sampling block as a SamplingConfig (its checks are usage errors)."""
-  try:
-    return SamplingConfig(
-        max_new_tokens=block.max_new_tokens, temperature=block.temperature,
-        top_k=block.top_k, top_p=block.top_p, seed=block.seed)
-  except UsageError as e:
-    raise UsageError(f'--config.sampling: {e}') from None
-
-
 def validate(config: Any) -> None:
   checkpoints.check_model_block(config.model)
-  sampling_config(config.sampling)
+  SamplingConfig.from_block(config.sampling)
   if bool(config.prompt) == bool(config.prompts_file):
     raise UsageError('give exactly one of --config.prompt and '
                      '--config.prompts_file.')
@@ -100,7 +90,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   sampler = make_sampler(model, tokenizer, mesh=mesh, rules=config.sharding,
                          runtime=runtime,
                          max_cache=config.sampling.max_cache or None)
-  sampling = sampling_config(config.sampling)
+  sampling = SamplingConfig.from_block(config.sampling)
 
   raw = ([config.prompt] if config.prompt else
          read_prompts(config.prompts_file))

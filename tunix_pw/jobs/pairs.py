@@ -19,12 +19,12 @@ from typing import Any
 from tunix_pw import console
 from tunix_pw.data import builders, formats, pipeline
 from tunix_pw.errors import UsageError
-from tunix_pw.jobs import generate
 from tunix_pw.models import blocks, checkpoints, tokenizers
 from tunix_pw.rl import rewards
 from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.fetch import fetch
 from tunix_pw.runtime.preemption import Preemption
+from tunix_pw.sampling.rollout import SamplingConfig
 from tunix_pw.sampling.sampler import make_sampler
 from tunix_pw.train import setup
 
@@ -35,7 +35,7 @@ FORMATS = ('pairs', 'unpaired')
 def validate(config: Any) -> None:
   checkpoints.check_model_block(config.model)
   pipeline.check_data_block(config.data)
-  generate.sampling_config(config.sampling)
+  SamplingConfig.from_block(config.sampling)
   if not config.output_dir:
     raise UsageError('--config.output_dir is required: the directory that '
                      'receives train.jsonl and test.jsonl.')
@@ -67,7 +67,7 @@ def split_records(config: Any, source: Any, count: int, sampler: Any,
                   tokenizer: Any, runtime: Any,
                   preemption: Preemption) -> list[dict[str, Any]]:
   """Records from the first `count` prompts of a split."""
-  sampling = generate.sampling_config(config.sampling)
+  sampling = SamplingConfig.from_block(config.sampling)
   name, out = config.data.name, []
   count = min(count, len(source))
   with console.Progress(count, 'pairs',

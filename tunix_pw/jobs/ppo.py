@@ -20,9 +20,9 @@ import flax
 from flax import nnx
 
 from tunix_pw.errors import UsageError
-from tunix_pw.jobs import grpo
 from tunix_pw.models import checkpoints
-from tunix_pw.rl import critic as critic_lib, phases, plan as plan_lib
+from tunix_pw.rl import config_checks, critic as critic_lib, phases
+from tunix_pw.rl import plan as plan_lib, trainer
 from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.fetch import fetch
 from tunix_pw.runtime.preemption import Preemption
@@ -47,7 +47,7 @@ def validate(config: Any) -> None:
     raise UsageError(f'--config.rl.advantage={rl.advantage!r}: PPO\'s '
                      'advantages are its critic\'s; use gae (or '
                      'tunix_pw/configs/grpo.py for group advantages).')
-  grpo.validate(config)
+  config_checks.validate(config)
   if not (0 <= rl.gamma <= 1 and 0 <= rl.lam <= 1):
     raise UsageError(f'--config.rl.gamma={rl.gamma} and lam={rl.lam} must '
                      'lie in [0, 1].')
@@ -66,7 +66,7 @@ def validate(config: Any) -> None:
                            '--config.rl.micro_batch_size')
 
 
-def critic_values(parts: grpo.Parts, critic: program.Program,
+def critic_values(parts: trainer.Parts, critic: program.Program,
                   values: Callable, state: State,
                   arrays: dict[str, Any]) -> Any:
   rules = parts.config.sharding
@@ -75,7 +75,7 @@ def critic_values(parts: grpo.Parts, critic: program.Program,
       critic.mesh, rules, parts.config.rl.logps_micro_batch_size))
 
 
-def step(parts: grpo.Parts, state: State, index: int,
+def step(parts: trainer.Parts, state: State, index: int,
          result: phases.Rollout, timer: phases.Timer, preemption: Preemption,
          stop: Callable[[], None], *, critic: program.Program,
          values: Callable) -> tuple[State, dict[str, float]]:
@@ -83,7 +83,7 @@ def step(parts: grpo.Parts, state: State, index: int,
   checks between them."""
   config, rl = parts.config, parts.config.rl
   warming = index < config.critic.warmup_steps  # the critic trains alone
-  arrays, extra, mismatch = grpo.training_inputs(parts, state, result,
+  arrays, extra, mismatch = trainer.training_inputs(parts, state, result,
                                                  preemption, stop, timer)
   with timer('values'):
     old_values = critic_values(parts, critic, values, state, arrays)
@@ -96,7 +96,7 @@ def step(parts: grpo.Parts, state: State, index: int,
   with timer('train'):
     policy, update_metrics = state.policy, dict(mismatch)
     if not warming:
-      policy, policy_metrics = grpo.update_policy(
+      policy, policy_metrics = trainer.update_policy(
           parts, state.policy, dict(arrays, advantages=advantages), extra)
       update_metrics.update(policy_metrics)
     batch = {k: v for k, v in dict(arrays, returns=returns,
@@ -127,9 +127,9 @@ def step(parts: grpo.Parts, state: State, index: int,
 
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
         workdir: str, preemption: Preemption) -> None:
-  parts, heldout = grpo.build(config, runtime, meshes)
+  parts, heldout = trainer.build(config, runtime, meshes)
   critic = critic_lib.build(config, meshes, abstract=False)
-  state = grpo.train(
+  state = trainer.train(
       parts, heldout, workdir, preemption,
       State(parts.plan.policy.state, critic.state),
       functools.partial(step, critic=critic,
@@ -142,7 +142,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
 def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
   """GRPO's programs (the policy's batch with per-token advantages) and the
   critic's train step and values pass, its state resident on its role."""
-  plan = grpo.compile_plan(config, meshes)
+  plan = trainer.compile_plan(config, meshes)
   critic = critic_lib.build(config, meshes, abstract=True)
   rl = config.rl
   role = next(r for r, m in meshes.by_role.items() if m is critic.mesh)

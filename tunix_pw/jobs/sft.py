@@ -14,10 +14,9 @@ from typing import Any
 import numpy as np
 
 from tunix_pw import checks
-from tunix_pw.agents import envs, episodes as episodes_lib
+from tunix_pw.agents import envs, episodes as episodes_lib, runs
 from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
-from tunix_pw.jobs import agentic
 from tunix_pw.models import blocks, checkpoints
 from tunix_pw.rl import rewards
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard
@@ -111,7 +110,7 @@ def evaluation_plan(config: Any, policy: program.Program,
   if 'agent' in config:  # heldout_evaluation's episodes
     batch = episodes_lib.batch(
         min(batch, config.eval_examples),
-        agentic.quantum(policy.mesh, config.sharding))
+        runs.quantum(policy.mesh, config.sharding))
     prompts -= config.eval_max_new_tokens
   out.phases.append(plans.generation_phase(
       'evaluation', 'actor', policy.model(), policy.mesh, config.sharding,
@@ -218,12 +217,12 @@ def heldout_evaluation(config: Any, source: Any, sampler: Any,
         config.eval_batch_size, verifier).items()}), None
   tools = concurrent.futures.ThreadPoolExecutor(config.eval_batch_size)
   return functools.partial(
-      agentic.evaluate_episodes, agentic.collector(
+      runs.evaluate_episodes, runs.collector(
           config.agent, sampler, tokenizer, mesh, config.sharding,
           SamplingConfig(config.eval_max_new_tokens, greedy=True),
           config.data.max_length - config.eval_max_new_tokens,
           config.eval_batch_size, tools),
-      agentic.examples(source, config.eval_examples), config.seed), tools
+      runs.examples(source, config.eval_examples), config.seed), tools
 
 
 def reached(config: Any, result: dict[str, float], runtime: Any) -> bool:

@@ -47,6 +47,16 @@ class SamplingConfig:
       raise UsageError(f'top_k={self.top_k} and temperature='
                        f'{self.temperature} must not be negative.')
 
+  @classmethod
+  def from_block(cls, block: Any) -> SamplingConfig:
+    """A config's sampling block (its checks are usage errors)."""
+    try:
+      return cls(max_new_tokens=block.max_new_tokens,
+                 temperature=block.temperature, top_k=block.top_k,
+                 top_p=block.top_p, seed=block.seed)
+    except UsageError as e:
+      raise UsageError(f'--config.sampling: {e}') from None
+
   @property
   def is_greedy(self) -> bool:
     return self.greedy or self.temperature == 0.0

@@ -131,8 +131,9 @@ def attach(model: Decoder, config: Any) -> bool:
 
 
 def detach_projection(model: nnx.Module) -> None:
-  """Drops a feature-distilled student's projection (train/distill_losses.py): the
-  model is an ordinary one again, for export and for loads."""
+  """Drops a feature-distilled student's projection
+  (train/distill_losses.py): the model is an ordinary one again, for
+  export and for loads."""
   if hasattr(model, 'distill_projection'):
     del model.distill_projection
 
