@@ -64,9 +64,9 @@ def _measure(phase: plans.Phase) -> _Measured:
   biggest, temp = 0, 0
   for compiled in programs:
     m = compiled.memory_analysis()
-    plans.size = (m.argument_size_in_bytes + m.output_size_in_bytes -
+    size = (m.argument_size_in_bytes + m.output_size_in_bytes -
             m.alias_size_in_bytes + m.temp_size_in_bytes)
-    biggest, temp = max(biggest, plans.size), max(temp, m.temp_size_in_bytes)
+    biggest, temp = max(biggest, size), max(temp, m.temp_size_in_bytes)
   transient = max(phase.held + phase.inflight * biggest - phase.resident_args,
                   0)
   return _Measured(phase, transient, temp, seconds, len(programs), note)
@@ -107,8 +107,8 @@ def _device_groups(meshes: Any, plan: Any, measured: list[Any],
 
   rows = []
   for roles, ids in groups.items():
-    resident = {item: plans.size for role in roles
-                for item, plans.size in plan.resident.get(role, {}).items()}
+    resident = {item: size for role in roles
+                for item, size in plan.resident.get(role, {}).items()}
     phases = [m for m in measured if m.phase.role in roles]
     largest = max(phases, key=lambda m: m.transient, default=None)
     peak = sum(resident.values()) + (largest.transient if largest else 0)

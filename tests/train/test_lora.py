@@ -12,7 +12,7 @@ import pytest
 
 from tests.train.test_step import batch_with_unequal_tokens
 from tunix_pw.configs import common
-from tunix_pw.jobs.sft import sft_loss
+from tunix_pw.train.supervised import sft_loss
 from tunix_pw.models import checkpoints, hf, lora, presets
 from tunix_pw.runtime import backend, meshes
 from tunix_pw.train import program, scoring, setup

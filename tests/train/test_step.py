@@ -9,7 +9,7 @@ import numpy as np
 import optax
 
 from tunix_pw.data import formats, pipeline
-from tunix_pw.jobs.sft import sft_loss
+from tunix_pw.train.supervised import sft_loss
 from tunix_pw.models import checkpoints, presets
 from tunix_pw.train import losses, step as step_lib
 
@@ -179,7 +179,7 @@ def test_on_cpu_the_train_step_unrolls_the_layers():
   on the fsdp=4 x tp=2 mesh gives the scanned step's loss and parameters
   to float rounding."""
   from tunix_pw.configs import sft as sft_config  # pylint: disable=g-import-not-at-top
-  from tunix_pw.jobs import sft  # pylint: disable=g-import-not-at-top
+  from tunix_pw.train import supervised  # pylint: disable=g-import-not-at-top
   from tunix_pw.runtime import meshes  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   tokens = rng.integers(4, 100, (64, 16))
@@ -193,7 +193,7 @@ def test_on_cpu_the_train_step_unrolls_the_layers():
     config.model.unroll_cpu_train = unroll
     config.optimizer.update(name='sgd', learning_rate=1.0, warmup_steps=0,
                             clip_norm=0.0, schedule='constant')
-    policy = sft.plan(config, meshes.build(config.meshes, jax.devices()),
+    policy = supervised.plan(config, meshes.build(config.meshes, jax.devices()),
                       abstract=False)
     step = policy.train_step
     loops.append(step.func.lower(policy.state, batch, **step.keywords)

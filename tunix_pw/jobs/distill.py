@@ -1,4 +1,4 @@
-"""Distillation: SFT's loop (jobs/sft.py) with a frozen teacher.
+"""Distillation: SFT's loop (train/supervised.py) with a frozen teacher.
 
 data -> the teacher's outputs on the teacher role's mesh -> moved to the
 actor mesh by the runtime's reshard when the meshes differ -> train step:
@@ -34,12 +34,13 @@ import numpy as np
 
 from tunix_pw.data import pipeline
 from tunix_pw.errors import UsageError
-from tunix_pw.jobs import sft
 from tunix_pw.models import blocks, checkpoints
+from tunix_pw.rl import rewards
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard, sharding
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.train import distill_losses, plans, program, scoring, setup
+from tunix_pw.train import supervised
 from tunix_pw.train import step as step_lib
 
 STRATEGIES = ('logit', 'attention', 'feature')
@@ -47,7 +48,8 @@ POOLING = ('token', 'mean')
 
 
 def validate(config: Any) -> None:
-  sft.validate(config)
+  supervised.check(config)
+  rewards.verifier(config.eval_verifier)
   checkpoints.check_model_block(config.teacher, '--config.teacher')
   d = config.distill
   if d.strategy not in STRATEGIES or d.pooling not in POOLING:
@@ -108,7 +110,7 @@ def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
          abstract: bool) -> program.Program:
   student = (distill_losses.layer_map(config)[0]
              if config.distill.strategy != 'logit' else ())
-  return sft.plan(config, meshes, abstract=abstract, loss=functools.partial(
+  return supervised.plan(config, meshes, abstract=abstract, loss=functools.partial(
       distill_loss, d=config.distill, student_layers=student))
 
 
@@ -182,7 +184,7 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
                                    jax.tree.leaves(compiled.output_shardings))}
   targets = outputs if mesh is policy.mesh else plans.batch_on(
       policy.mesh, rules, target_shapes(config))
-  return sft.evaluation_plan(config, policy, plans.Plan(resident, [
+  return supervised.evaluation_plan(config, policy, plans.Plan(resident, [
       program.train_phase(policy, {**plans.batch_on(
           policy.mesh, rules, tokens), **targets}), phase], [] if (
               mesh is policy.mesh) else [plans.Transfer(
@@ -208,5 +210,8 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
                                 runtime, budget=budget)
     return moved
 
-  sft.run(config, runtime, meshes, workdir, preemption, name='distill',
-          policy=plan(config, meshes, abstract=False), targets=targets)
+  supervised.run(config, runtime, meshes, workdir, preemption,
+                 name='distill', policy=plan(config, meshes, abstract=False),
+                 targets=targets, evaluation=functools.partial(
+                     supervised.exact_match, config,
+                     rewards.verifier(config.eval_verifier)))

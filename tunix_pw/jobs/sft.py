@@ -13,208 +13,62 @@ from typing import Any
 
 import numpy as np
 
-from tunix_pw import checks
 from tunix_pw.agents import envs, episodes as episodes_lib, runs
-from tunix_pw.data import formats, pipeline
-from tunix_pw.errors import UsageError
-from tunix_pw.models import blocks, checkpoints
 from tunix_pw.rl import rewards
-from tunix_pw.runtime import backend, meshes as meshes_lib, reshard
+from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.preemption import Preemption
-from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.sampling.rollout import SamplingConfig
-from tunix_pw.sampling.sampler import make_sampler
-from tunix_pw.train import evaluate, loop, optim, plans, program, setup
-from tunix_pw.train import step as step_lib
+from tunix_pw.train import plans, program, supervised
 
 
 def validate(config: Any) -> None:
-  checks.at_least_one(config, '--config', 'steps', 'batch_size',
-                      'micro_batches', 'log_every', 'eval_batch_size',
-                      'eval_max_new_tokens')
-  checkpoints.check_model_block(config.model)
-  pipeline.check_data_block(config.data)
+  supervised.check(config)
   if 'agent' in config:  # demonstration episodes
     envs.check(config.agent)
-  optim.check(config.optimizer)
-  setup.check_lora_block(config.lora)
-  if config.data.name in ('preferences', 'unpaired'):
-    raise UsageError(f'--config.data.name={config.data.name!r} is for '
-                     'DPO/ORPO/KTO (configs/dpo.py); SFT reads arithmetic, '
-                     'gsm8k or chat.')
-  if config.steps < 1:
-    raise UsageError(f'--config.steps={config.steps} must be at least 1.')
   rewards.verifier(config.eval_verifier)
-  if config.stop_at_accuracy and not (
-      0 < config.stop_at_accuracy <= 1 and config.eval_every and
-      config.eval_examples):
-    raise UsageError(f'--config.stop_at_accuracy={config.stop_at_accuracy} '
-                     'must be in (0, 1] and needs --config.eval_every and '
-                     '--config.eval_examples.')
-  if config.batch_size % config.micro_batches:
-    raise UsageError(f'--config.batch_size={config.batch_size} does not '
-                     f'split into --config.micro_batches='
-                     f'{config.micro_batches}.')
-  meshes_lib.check_batch(config.batch_size // config.micro_batches,
-                         config.meshes, 'actor', config.sharding.batch,
-                         '--config.batch_size / --config.micro_batches')
-
-
-def sft_loss(model, batch, rng, shard: Sharder = Sharder()):
-  """`shard` constrains activations to the mesh (batch over the data
-  axes), so XLA never replicates them where the weights are sharded."""
-  del rng
-  logits, _ = model(batch['tokens'], batch['positions'], batch['segment_ids'],
-                    shard=shard)
-  nll, weight, correct = step_lib.token_nll(logits, batch['tokens'],
-                                            batch['loss_mask'],
-                                            batch['segment_ids'])
-  return (nll * weight).sum(), dict(weight=weight.sum(),
-                                    accuracy=(correct * weight).sum())
-
-
-def plan(config: Any, meshes: meshes_lib.RoleMeshes, *, abstract: bool,
-         loss: Any = sft_loss) -> program.Program:
-  """The policy and its train step (from shapes when `abstract`);
-  `loss(model, batch, rng, shard=)`: SFT's, or distillation's."""
-  mesh = meshes['actor']
-  return program.build(
-      config, mesh, functools.partial(
-          loss, shard=Sharder(mesh, config.sharding)),
-      micro_batches=config.micro_batches, total_updates=config.steps,
-      abstract=abstract)
 
 
 def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
   """The train step from shapes, for compile-only checks (a batch of full
   `max_length` rows, as packing or several processes make it), and the
-  held-out evaluation's."""
-  policy = plan(config, meshes, abstract=True)
+  held-out evaluation's (an agent's: its turns, contexts up to what
+  leaves room to answer)."""
+  policy = supervised.plan(config, meshes, abstract=True)
   shape = (config.batch_size, config.data.max_length)
   batch = plans.batch_on(policy.mesh, config.sharding, {
       k: (shape, np.int32)
       for k in ('tokens', 'positions', 'segment_ids', 'loss_mask')})
-  return evaluation_plan(config, policy, plans.Plan(
-      {'actor': program.resident(policy)},
-      [program.train_phase(policy, batch)]))
-
-
-def evaluation_plan(config: Any, policy: program.Program,
-                    out: plans.Plan) -> plans.Plan:
-  """`out` with the held-out evaluation's programs (greedy generation on
-  the actor: prompts up to `max_length`, or an agent's turns, contexts up
-  to what leaves room to answer) and the policy's move into its sampler."""
-  if not config.eval_examples:
-    return out
-  batch, prompts = config.eval_batch_size, config.data.max_length
-  if 'agent' in config:  # heldout_evaluation's episodes
-    batch = episodes_lib.batch(
-        min(batch, config.eval_examples),
-        runs.quantum(policy.mesh, config.sharding))
-    prompts -= config.eval_max_new_tokens
-  out.phases.append(plans.generation_phase(
-      'evaluation', 'actor', policy.model(), policy.mesh, config.sharding,
-      batch, prompts, SamplingConfig(config.eval_max_new_tokens,
-                                     greedy=True)))
-  out.transfers.append(plans.Transfer(
-      'evaluation weights', policy.params, policy.params,
-      reshard.Budget.from_block(config.runtime), ('actor', 'actor')))
-  return out
-
-
-def batches(config: Any, source: Any, tokenizer: Any, runtime: Any,
-            seed: int) -> pipeline.Pipeline:
-  """The training pipeline: completion-masked sequences, packed into rows
-  of max_length or padded to length buckets (max_length when several
-  processes must agree on one shape). With --config.agent, each example's
-  demonstration episode (agents/episodes.py: an agent's SFT warm-up)."""
-  length = config.data.max_length
-  fixed = config.data.packing or runtime.process_count > 1
-  pad = lambda rows: pipeline.pad_batch(
-      rows, length if fixed else min(length, pipeline.bucket(
-          max(len(r['tokens']) for r in rows))), tokenizer.pad_id)
-  transform = episodes_lib.sft_transform(
-      config.agent, tokenizer, length, config.data.overlong) if (
-          'agent' in config) else formats.sft_transform(
-              config.data.name, tokenizer, length, config.data.overlong,
-              config.data.chat)
-  return pipeline.Pipeline(
-      source, transform,
-      batch_size=config.batch_size, seed=seed, num_epochs=None,
-      process_index=runtime.process_index,
-      process_count=runtime.process_count, batch_fn=pad,
-      pack_length=length if config.data.packing else 0,
-      what=f'the train split of {config.data.name}',
-      dropping=pipeline.overlong_filter(config.data))
+  out = plans.Plan({'actor': program.resident(policy)},
+                   [program.train_phase(policy, batch)])
+  if 'agent' not in config:
+    return supervised.evaluation_plan(config, policy, out)
+  return supervised.evaluation_plan(
+      config, policy, out, episodes_lib.batch(
+          min(config.eval_batch_size, config.eval_examples),
+          runs.quantum(policy.mesh, config.sharding)),
+      config.data.max_length - config.eval_max_new_tokens)
 
 
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
-        workdir: str, preemption: Preemption, *, name: str = 'sft',
-        policy: program.Program | None = None,
-        targets: Any = None) -> None:
-  """`targets(host batch) -> arrays on the actor mesh` adds a teacher's
-  outputs to each batch (distillation, jobs/distill.py, with its
-  `policy`)."""
-  mesh, rules = meshes['actor'], config.sharding
-  policy = policy or plan(config, meshes, abstract=False)
-  tokenizer = blocks.tokenizer(config.model)
-  spec = pipeline.DataSpec.from_block(config.data)
-  sources, _ = pipeline.prepare(spec, runtime)
-  data = batches(config, sources['train'], tokenizer, runtime, config.seed)
-  sampler = make_sampler(policy.model(), tokenizer, mesh=mesh, rules=rules,
-                         runtime=runtime,
-                         sync_budget=reshard.Budget.from_block(
-                             config.runtime))
-  session = loop.Session(name, config, runtime, workdir, policy.state, data)
-  evaluation, tools = heldout_evaluation(config, sources['test'], sampler,
-                                         tokenizer, mesh)
-
-  @functools.cache  # the last step may be an eval_every step too
-  def evaluate_now(step: int) -> dict[str, float]:
-    sampler.update_weights(session.state.params)
-    return session.evaluated(step, evaluation)
-
-  def step(index: int) -> tuple[Any, int]:
-    del index
-    host = session.batch()
-    batch = pipeline.place(host, mesh, rules)
-    if targets:
-      batch.update(targets(host))
-    session.state, step_metrics = policy.train_step(session.state, batch)
-    return step_metrics, int((host['segment_ids'] > 0).sum())
-
-  def stop_after(done: int) -> bool:
-    return bool(config.eval_every and done % config.eval_every == 0 and
-                reached(config, evaluate_now(done), runtime))
-
-  if session.start and config.stop_at_accuracy and stop_after(session.start):
-    last = session.start  # it stopped there: the same run again ends there
-  else:
-    last = loop.run_steps(session, preemption, step, ('loss', 'accuracy'),
-                          stop_after)
-  session.save(last)
-  result = evaluate_now(last) if config.eval_examples else {}
-  session.close()
-  if tools:
-    tools.shutdown(wait=False, cancel_futures=True)
-  if config.export:
-    setup.export(config, policy.model(session.state.params))
-  if runtime.is_coordinator and result:
-    print(evaluate.summary(name, result))
-
-
-def heldout_evaluation(config: Any, source: Any, sampler: Any,
-                       tokenizer: Any, mesh: Any):
-  """(() -> eval/ scalars on the held-out split, the tools' threads or
-  None): greedy exact match, or for an agent's warm-up one greedy episode
-  per problem."""
+        workdir: str, preemption: Preemption) -> None:
   if 'agent' not in config:
-    prompts, answers = setup.heldout(config.data.name, source, tokenizer,
-                                     config.eval_examples, config.data.chat)
-    verifier = rewards.verifier(config.eval_verifier)
-    return (lambda: {f'eval/{k}': v for k, v in evaluate.exact_match(
-        sampler, tokenizer, prompts, answers, config.eval_max_new_tokens,
-        config.eval_batch_size, verifier).items()}), None
+    supervised.run(config, runtime, meshes, workdir, preemption,
+                   evaluation=functools.partial(
+                       supervised.exact_match, config,
+                       rewards.verifier(config.eval_verifier)))
+    return
+  data = config.data
+  supervised.run(
+      config, runtime, meshes, workdir, preemption,
+      evaluation=functools.partial(episodes, config),
+      transform=lambda tokenizer: episodes_lib.sft_transform(
+          config.agent, tokenizer, data.max_length, data.overlong))
+
+
+def episodes(config: Any, source: Any, sampler: Any, tokenizer: Any,
+             mesh: Any):
+  """An agent's warm-up evaluation: one greedy episode per held-out
+  problem, and the tools' threads."""
   tools = concurrent.futures.ThreadPoolExecutor(config.eval_batch_size)
   return functools.partial(
       runs.evaluate_episodes, runs.collector(
@@ -223,14 +77,3 @@ def heldout_evaluation(config: Any, source: Any, sampler: Any,
           config.data.max_length - config.eval_max_new_tokens,
           config.eval_batch_size, tools),
       runs.examples(source, config.eval_examples), config.seed), tools
-
-
-def reached(config: Any, result: dict[str, float], runtime: Any) -> bool:
-  """Whether an evaluation reached --config.stop_at_accuracy (said once)."""
-  target = config.stop_at_accuracy
-  if not target or result['eval/accuracy'] < target:
-    return False
-  if runtime.is_coordinator:
-    print(f'sft: held-out accuracy {result["eval/accuracy"]:.1%} reached '
-          f'--config.stop_at_accuracy={target:g}: stopping', flush=True)
-  return True
