@@ -140,3 +140,14 @@ def wait_for(path, proc: subprocess.Popen, timeout: float = 120) -> None:
     assert proc.poll() is None, f'exited with {proc.returncode} before {path}'
     assert time.monotonic() < deadline, f'no {path} after {timeout} s'
     time.sleep(0.05)
+
+
+# An agentic pipeline's RL stage kept small: 2 steps of 2 prompts x 4
+# episodes, 8 held-out episodes.
+AGENTIC_SMALL = ['--config.agentic.steps=2',
+                 '--config.agentic.eval_examples=8',
+                 '--config.agentic.rl.prompts_per_step=2',
+                 '--config.agentic.rl.num_generations=4',
+                 '--config.agentic.rl.mini_batch_size=8',
+                 '--config.agentic.rl.micro_batch_size=4',
+                 '--config.agentic.rl.logps_micro_batch_size=8']

@@ -43,13 +43,7 @@ CASES = {
     # The warm-up's SFT steps and held-out episodes, then agentic steps.
     'agentic': ['agentic', '--config.sft.steps=2',
                 '--config.sft.eval_examples=8', '--config.sft.eval_every=2',
-                '--config.agentic.steps=2',
-                '--config.agentic.eval_examples=8',
-                '--config.agentic.rl.prompts_per_step=2',
-                '--config.agentic.rl.num_generations=4',
-                '--config.agentic.rl.mini_batch_size=8',
-                '--config.agentic.rl.micro_batch_size=4',
-                '--config.agentic.rl.logps_micro_batch_size=8'],
+                *helpers.AGENTIC_SMALL],
 }
 
 

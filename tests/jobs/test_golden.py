@@ -59,17 +59,11 @@ CASES = {
     'ppo': ['--config=tunix_pw/configs/ppo.py:runlocal', *RL],
     'agentic': ['--config=tunix_pw/configs/agentic.py:runlocal',
                 '--config.sft.steps=3', '--config.sft.eval_examples=8',
-                '--config.sft.eval_every=3', '--config.agentic.steps=2',
+                '--config.sft.eval_every=3', *helpers.AGENTIC_SMALL,
                 '--config.agentic.log_every=1',
                 # Turns batched in lockstep: concurrent episodes' batches
                 # follow the tools' timing.
-                '--config.agentic.agent.lockstep=true',
-                '--config.agentic.eval_examples=8',
-                '--config.agentic.rl.prompts_per_step=2',
-                '--config.agentic.rl.num_generations=4',
-                '--config.agentic.rl.mini_batch_size=8',
-                '--config.agentic.rl.micro_batch_size=4',
-                '--config.agentic.rl.logps_micro_batch_size=8'],
+                '--config.agentic.agent.lockstep=true'],
 }
 # Timings, and what timing decides (the rollout queue's depth when a step
 # starts).
