@@ -1,6 +1,6 @@
 """The GRPO family's program plan: everything a job compiles, built once,
 from arrays for a run and from shapes for a compile-only check
-(`jobs/grpo.py` consumes it both ways), and the compile-only phases of its
+(`rl/trainer.py` consumes it both ways), and the compile-only phases of its
 batches, rollout, weight sync and on-policy distillation's teacher."""
 
 from __future__ import annotations
