@@ -119,9 +119,8 @@ def checkpoint_bytes(config: Any) -> int:
   if not all(k in config for k in ('model', 'lora', 'optimizer')):
     return 0
   import jax  # pylint: disable=g-import-not-at-top
-  from tunix_pw import compile_only  # pylint: disable=g-import-not-at-top
-  from tunix_pw.train import setup  # pylint: disable=g-import-not-at-top
-  _, params, _ = setup.split(compile_only.abstract_model(config),
+  from tunix_pw.train import plans, setup  # pylint: disable=g-import-not-at-top
+  _, params, _ = setup.split(plans.abstract_model(config),
                              config.lora.rank > 0)
   return 3 * sum(math.prod(x.shape) * x.dtype.itemsize
                  for x in jax.tree.leaves(params))

@@ -25,9 +25,9 @@ import time
 
 # phase -> (module, class or None, function): where the phase begins.
 PHASES = {
-    'rollout': ('tunix_pw.jobs.grpo', None, 'rollout_stages'),
-    'logps': ('tunix_pw.jobs.grpo', None, 'log_probs'),
-    'update': ('tunix_pw.jobs.grpo', None, 'update_policy'),
+    'rollout': ('tunix_pw.rl.trainer', None, 'rollout_stages'),
+    'logps': ('tunix_pw.rl.trainer', None, 'log_probs'),
+    'update': ('tunix_pw.rl.trainer', None, 'update_policy'),
     'sync': ('tunix_pw.sampling.sampler', 'Sampler', 'update_weights'),
     'eval': ('tunix_pw.train.evaluate', None, 'exact_match'),
     'save': ('tunix_pw.train.checkpoint', 'Checkpointer', 'save'),
