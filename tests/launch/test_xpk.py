@@ -178,9 +178,9 @@ def test_a_gs_workdir_needs_no_mount(tmp_path):
 
 
 def readme_commands(section: str) -> list[str]:
-  """The commands of the README section's sh blocks, as a user pastes them
-  (continuation lines joined)."""
-  text = open(os.path.join(ROOT, 'README.md')).read()
+  """The commands of a docs/cluster.md section's sh blocks, as a user
+  pastes them (continuation lines joined)."""
+  text = open(os.path.join(ROOT, 'docs', 'cluster.md')).read()
   body = text.split(f'\n## {section}\n', 1)[1].split('\n## ', 1)[0]
   blocks = re.findall(r'```sh\n(.*?)```', body, re.S)
   return [' '.join(line.split()) for block in blocks
