@@ -293,8 +293,8 @@ def report(parts: Parts, writer: Any, done: int, values: dict[str, float],
                                         config.samples_per_log))
 
 
-def generation(config: Any, rollout_model: Any,
-               rollout_mesh: Any) -> list[plans.Phase]:
+def samples_and_evaluation(config: Any, rollout_model: Any,
+                           rollout_mesh: Any) -> list[plans.Phase]:
   """What the rollout engine generates: a step's samples and the held-out
   evaluation's."""
   return [plan_lib.rollout_phase(config, rollout_model, rollout_mesh),
@@ -303,7 +303,7 @@ def generation(config: Any, rollout_model: Any,
 
 def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes,
                  generation: Callable[..., list[plans.Phase]] = (
-                     generation)) -> plans.Plan:
+                     samples_and_evaluation)) -> plans.Plan:
   """This job's programs, from shapes, for compile-only checks: what
   `plan` builds for a run (the train step, the logps passes), the rollout
   engine's programs (`generation(config, rollout_model, rollout_mesh)`),
