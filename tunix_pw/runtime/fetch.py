@@ -30,12 +30,10 @@ def fetch(tree: Any) -> Any:
           x.sharding.mesh, PartitionSpec()))(x)
     values.append(np.asarray(x.addressable_data(0)) if x.addressable_shards
                   else np.zeros(x.shape, x.dtype))
-  has = [bool(x.addressable_shards) for x in leaves]
-  owners = multihost_utils.process_allgather(np.array(has, np.int32))
-  owners = np.asarray(owners).reshape(jax.process_count(), len(leaves))
-  out = []
-  for i, value in enumerate(values):
-    source = int(np.argmax(owners[:, i]))  # the first process holding it
-    out.append(np.asarray(multihost_utils.broadcast_one_to_all(
-        value, is_source=jax.process_index() == source)))
+  # One gather of every process's values and what it holds (one collective
+  # for the whole tree); each leaf is then its first holder's.
+  has = np.array([bool(x.addressable_shards) for x in leaves], np.int32)
+  owners, gathered = multihost_utils.process_allgather((has, values))
+  out = [np.asarray(g)[int(np.argmax(np.asarray(owners)[:, i]))]
+         for i, g in enumerate(gathered)]
   return jax.tree.unflatten(treedef, out)
