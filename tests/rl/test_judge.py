@@ -59,17 +59,20 @@ def test_the_scorers_put_the_judges_scores_on_the_samples():
 def test_a_run_graded_by_a_judge(trained_sft, tmp_path):
   """A trained SFT workdir (an adder) judges GRPO's samples through a
   template that ends with the sample's prompt (`a+b=`), on a scale of
-  100: every sample's reward is the judge's answer over 100, or the
-  malformed reward (-1) for an answer over 100 or with no number; the
+  1,000: every sample's reward is the judge's answer over 1,000, or the
+  malformed reward (-1) for an answer with no number (or over 1,000); the
   malformed ones are counted, equal samples score alike (the judge is
-  greedy), and the scores follow the prompts the judge reads."""
+  greedy), and the scores follow the prompts the judge reads. (The
+  scale leaves room for any number the adder writes after a random
+  policy's text, which varies with the machine that trained it: on a
+  scale of 100 a model trained elsewhere scored 7 of 128 samples.)"""
   result, judge_dir = trained_sft
   assert result.returncode == 0, result.stderr[-3000:]
   result = helpers.run_main(
       '--config=tunix_pw/configs/grpo.py:runlocal', '--config.steps=2',
       '--config.rl.rewards=judge:1', f'--config.rl.judge={judge_dir}',
       '--config.rl.judge_template={completion}\n{prompt}',
-      '--config.rl.judge_scale=100', '--config.rl.judge_malformed=-1',
+      '--config.rl.judge_scale=1000', '--config.rl.judge_malformed=-1',
       '--config.eval_examples=0', '--config.sample_every=1',
       '--config.samples_per_log=8', f'--workdir={tmp_path}')
   assert result.returncode == 0, result.stderr[-3000:]
@@ -82,7 +85,7 @@ def test_a_run_graded_by_a_judge(trained_sft, tmp_path):
     assert scores.shape == (8, 8)
     valid = scores[scores != -1.0]
     assert ((valid >= 0) & (valid <= 1)).all(), scores
-    np.testing.assert_allclose(valid * 100, np.round(valid * 100), atol=1e-4)
+    np.testing.assert_allclose(valid * 1000, np.round(valid * 1000), atol=1e-3)
     assert m['judge_malformed'] == (scores == -1.0).sum()
     assert m['reward/judge'] == pytest.approx(scores.mean(), abs=1e-6)
   every = [(s['prompt'], c, r) for s in logs
@@ -92,7 +95,7 @@ def test_a_run_graded_by_a_judge(trained_sft, tmp_path):
     assert seen.setdefault((prompt, completion), reward) == reward, (
         prompt, completion, seen[prompt, completion], reward)
   scored = [r for _, _, r in every if r != -1.0]
-  assert len(scored) >= 16, every  # most answers are numbers up to 100
+  assert len(scored) >= 64, every  # the adder answers with a number
   # The judge reads the prompt: the prompts' commonest scores differ.
   commonest = {collections.Counter(s['rewards']).most_common(1)[0][0]
                for s in logs}
