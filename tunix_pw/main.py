@@ -4,6 +4,8 @@ r"""Entry point of every tunix_pw job.
       [--config.a.b=value ...] --workdir=DIR
   python -m tunix_pw.main --config=... --compile_topology=v5p-512 \
       [--compile_num_slices=N]   # does the job fit? (no TPU needed)
+  python -m tunix_pw.main --config=... --print_config  # fields, with help
+  python -m tunix_pw.main list   # the jobs' config files and arguments
 
 Exit codes: 0 done; 2 bad config, usage or input (one sentence on stderr,
 no traceback); 42 preempted after a checkpoint (XPK restarts on it); 1 the
@@ -35,6 +37,7 @@ import ml_collections
 from ml_collections import config_flags
 
 from tunix_pw import checks, compile_only, jobs
+from tunix_pw.configs import reference
 from tunix_pw import workdir as workdir_lib
 from tunix_pw.errors import InfrastructureError, UsageError, disk_full
 from tunix_pw.runtime import backend, elastic, meshes
@@ -67,6 +70,9 @@ _COMPILE_BACKEND = flags.DEFINE_enum(
     'The backend --compile_topology compiles for: one Pathways controller, '
     "or one process per host (XPK's mcjax), whose weight sync between "
     'processes runs other programs.')
+_PRINT_CONFIG = flags.DEFINE_bool(
+    'print_config', False, 'Print the resolved config, overrides included, '
+    'each field with its help, and exit.')
 _CHECK_ONLY = flags.DEFINE_bool(
     'check_only', False, 'Run both validation phases (the config, then the '
     'devices) and exit 0 or 2; nothing is written, no job runs.')
@@ -141,6 +147,9 @@ def _describe_flag_error(config: ml_collections.ConfigDict, error: str) -> str:
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with every config problem turned into exit 2."""
+  if argv[1:] == ['list']:
+    print(reference.jobs_table())
+    sys.exit(0)
   try:
     config = _load_config_file(_config_arg(argv[1:]))
     _check_override_keys(config, argv[1:])
@@ -233,6 +242,9 @@ def main(argv: Sequence[str]) -> None:
     _fail(f'unexpected arguments {" ".join(argv[1:])!r}; flags take the form '
           '--name=value.')
   config = CONFIG.value
+  if _PRINT_CONFIG.value:
+    print(reference.print_config(config))
+    return
   if not flags.FLAGS['verbosity'].present:
     # Libraries (Orbax above all) log every step at INFO; -v=0 shows them.
     logging.set_verbosity(logging.WARNING)

@@ -1,4 +1,5 @@
-"""Blocks shared by the config files.
+"""Blocks shared by the config files. Every field's help is in
+configs/reference.py (`--print_config`, docs/reference.md).
 
 Hyperparameters live in config files only; infrastructure (cluster, TPU type,
 image) lives in xpk_configs/.
@@ -12,22 +13,7 @@ import ml_collections
 
 
 def runtime(host_device_count: int = 0) -> ml_collections.ConfigDict:
-  """The runtime block.
-
-  host_device_count: virtual CPU devices for the whole job when JAX runs on
-    CPU (split evenly over processes); 0 leaves JAX's default. Ignored on TPU.
-  compilation_cache_dir: persistent XLA compilation cache ('' disables it).
-  max_inflight: dispatched steps (and transfer groups) in flight at most.
-  reshard_group_mib: bytes a weight transfer stages at once, in MiB.
-  peer_timeout_s: multi-controller: how long processes wait for a peer
-    (connecting, heartbeats) before the job ends with an error.
-  profile_steps: a JAX profiler trace of these steps to <workdir>/profile
-    ('5': step 5, '5:8': steps 5-7; '': none).
-  elastic: Pathways: keep the job running through slice losses on at least
-    `min_slices` healthy slices (0: off), checked every `poll_s`; after
-    `timeout_s` (0: no limit) without them, or `max_attempts` attempts,
-    exit 42 (runtime/elastic.py).
-  """
+  """The runtime block (field help: configs/reference.py)."""
   return ml_collections.ConfigDict(dict(
       host_device_count=host_device_count,
       compilation_cache_dir=os.path.join(
@@ -65,19 +51,7 @@ def sharding() -> ml_collections.ConfigDict:
 
 
 def model(preset: str, checkpoint: str = '') -> ml_collections.ConfigDict:
-  """The model block.
-
-  preset: a name from tunix_pw/models/presets.py (the architecture; Kaggle
-    checkpoints need it, Hugging Face ones bring their own config).
-  checkpoint: a directory (Hugging Face, Kaggle, or a tunix_pw workdir's
-    export); empty: random init from the preset.
-  tokenizer: a directory with tokenizer.json or tokenizer.model, or 'char'
-    (built in); empty: the checkpoint's, else 'char'.
-  scan: the layers run as a scan over their stacked parameters (one
-    compiled layer, however deep the model); False unrolls them.
-  unroll_cpu_train: on CPU devices, the train step unrolls them anyway
-    (faster there); False keeps its scan.
-  """
+  """The model block (field help: configs/reference.py)."""
   return ml_collections.ConfigDict(dict(
       preset=preset, checkpoint=checkpoint, tokenizer='',
       param_dtype='float32', dtype='float32', scan=True,
@@ -85,19 +59,7 @@ def model(preset: str, checkpoint: str = '') -> ml_collections.ConfigDict:
 
 
 def data(name: str = 'arithmetic', **arithmetic) -> ml_collections.ConfigDict:
-  """The data block (see tunix_pw/data/).
-
-  name: arithmetic | gsm8k | preferences | chat.
-  manual_dir: for the JSONL datasets, a directory with train.jsonl and
-    test.jsonl.
-  on_bad_line: 'error' (stop, naming file and line) or 'skip' (counted).
-  max_length: tokens per training sequence; longer ones are truncated or
-    dropped (`overlong`), and counted.
-  chat: render prompts through the tokenizer's chat template.
-  packing: pack SFT sequences into rows of max_length (segment ids).
-  train_examples: train on the first N examples of the train split only
-    (0: all of it), a data-limited regime.
-  """
+  """The data block (tunix_pw/data/; field help: configs/reference.py)."""
   return ml_collections.ConfigDict(dict(
       name=name,
       data_dir=os.path.join('~', '.cache', 'tunix_pw', 'tfds'),
@@ -122,10 +84,7 @@ def optimizer(learning_rate: float = 1e-4, warmup_steps: int = 10,
       name='adamw', learning_rate=learning_rate, warmup_steps=warmup_steps,
       schedule=schedule, decay_steps=0, end_fraction=0.1, b1=0.9, b2=0.99,
       eps=1e-8,
-      weight_decay=0.0, clip_norm=1.0,
-      # A step with a non-finite loss or gradient norm is skipped; this
-      # many in a row (seen when metrics are logged) stop the run.
-      max_nonfinite_steps=10))
+      weight_decay=0.0, clip_norm=1.0, max_nonfinite_steps=10))
 
 
 def lora(rank: int = 0) -> ml_collections.ConfigDict:
