@@ -75,7 +75,9 @@ _PRINT_CONFIG = flags.DEFINE_bool(
     'each field with its help, and exit.')
 _CHECK_ONLY = flags.DEFINE_bool(
     'check_only', False, 'Run both validation phases (the config, then the '
-    'devices) and exit 0 or 2; nothing is written, no job runs.')
+    'devices) and exit 0 or 2; nothing is written, no job runs. With '
+    '--compile_topology: the config phase only (shapes, no files or data), '
+    'nothing compiled.')
 
 EXIT_USAGE = 2
 EXIT_DISK_FULL = EXIT_INFRASTRUCTURE = 1
@@ -252,6 +254,10 @@ def main(argv: Sequence[str]) -> None:
     if _COMPILE_TOPOLOGY.value:  # shapes only: no checkpoint, no data
       with checks.limited(files=False, data=False):
         job = static_checks(config)
+        if _CHECK_ONLY.value:
+          print(f'check_only: the {config.job} config is valid for '
+                f'{_COMPILE_TOPOLOGY.value} (not compiled).', flush=True)
+          return
         compile_only.check(config, job, _COMPILE_TOPOLOGY.value,
                            _COMPILE_NUM_SLICES.value, WORKDIR.value,
                            _COMPILE_BACKEND.value)

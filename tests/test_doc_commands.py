@@ -1,0 +1,107 @@
+"""Every `python -m tunix_pw.main` command in README.md and docs/ passes
+`--check_only` as written: its placeholders (a Hugging Face checkpoint,
+an earlier command's workdir, a dataset directory, a prompts file) become
+fixtures (a tiny transformers model, a 1-step SFT run),
+the JSONL datasets built from docs/data.md's own examples; a command
+for a cluster checks on 8 virtual CPU devices."""
+
+import functools
+import importlib
+import pathlib
+import re
+import shlex
+
+import pytest
+
+from tests import helpers
+from tests.models import hf_models
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DOCS = [ROOT / 'README.md', *sorted((ROOT / 'docs').glob('*.md'))]
+MODELS = ('checkpoint', 'rl.reward_model', 'rl.judge')  # fields, by suffix
+OUTPUTS = ('export', 'output_dir', 'output_jsonl')
+
+
+def commands() -> list[tuple[str, list[str]]]:
+  """(where, argv after `tunix_pw.main`) of every command in a sh block."""
+  found = []
+  for doc in DOCS:
+    blocks = re.findall(r'```sh\n(.*?)```', doc.read_text(), re.S)
+    lines = re.sub(r'\\\n\s*', ' ', ''.join(blocks)).splitlines()
+    found += [(f'{doc.name}:{i}', shlex.split(
+        line.split('tunix_pw.main', 1)[1], comments=True))
+              for i, line in enumerate(lines) if 'tunix_pw.main' in line]
+  return found
+
+
+def jsonl_examples() -> dict[str, str]:
+  """docs/data.md's example lines, by dataset name."""
+  text = (ROOT / 'docs/data.md').read_text()
+  return dict(re.findall(r'### `(\w+)`.*?```jsonl\n(.*?)```', text, re.S))
+
+
+@functools.cache
+def default_data(config_arg: str) -> str:
+  path, _, arg = config_arg.partition(':')
+  module = importlib.import_module(path[:-3].replace('/', '.'))
+  config = module.get_config(arg) if arg else module.get_config()
+  return config.get('data', {}).get('name', '')
+
+
+@pytest.fixture(scope='module')
+def fixtures(tmp_path_factory):
+  root = tmp_path_factory.mktemp('placeholders')
+  hf_models.make('gemma2', str(root / 'hf'))
+  for name, lines in jsonl_examples().items():
+    (root / name).mkdir()
+    for split in ('train', 'test'):
+      (root / name / f'{split}.jsonl').write_text(lines)
+  (root / 'prompts.jsonl').write_text('{"prompt": "1+1="}\n')
+  trained = helpers.run_main('--config=tunix_pw/configs/sft.py:runlocal',
+                             '--config.steps=1', f'--workdir={root / "run"}')
+  assert trained.returncode == 0, trained.stderr[-2000:]
+  return root
+
+
+def test_the_docs_show_commands_and_datasets():
+  where = {w.split(':')[0] for w, _ in commands()}
+  assert {'README.md', 'data.md', 'rl.md', 'training.md', 'models.md',
+          'running.md', 'cluster.md'} <= where, where
+  assert set(jsonl_examples()) == {'gsm8k', 'chat', 'preferences',
+                                   'unpaired', 'code'}
+
+
+def concrete(argv: list[str], fixtures: pathlib.Path,
+             out: pathlib.Path) -> list[str]:
+  """argv with its placeholders replaced by fixtures, and --check_only."""
+  fields = dict(a[len('--config.'):].split('=', 1) for a in argv
+                if a.startswith('--config.'))
+  config = next(a.split('=', 1)[1] for a in argv if a.startswith('--config='))
+  data = fields.get('data.name') or default_data(config)
+  result = []
+  for arg in argv:
+    name, _, value = arg.partition('=')
+    field = name[len('--config.'):]
+    if field.endswith(MODELS) and value.startswith('/'):  # an earlier
+      # command's workdir (/tmp/...), else a downloaded checkpoint
+      arg = f'{name}={fixtures / ("run" if "/tmp/" in value else "hf")}'
+    elif field == 'data.manual_dir':
+      arg = f'{name}={fixtures / data}'
+    elif field == 'prompts_file':
+      arg = f'{name}={fixtures / "prompts.jsonl"}'
+    elif field in OUTPUTS or name == '--workdir':
+      arg = f'{name}={out / name.strip("-")}'
+    result.append(arg)
+  if 'runtime.host_device_count' not in fields:  # a pod's command, on 8
+    result.append('--config.runtime.host_device_count=8')
+  return result + ['--check_only']
+
+
+@pytest.mark.parametrize('where, argv', commands(),
+                         ids=[w for w, _ in commands()])
+def test_a_documented_command_passes_check_only(where, argv, fixtures,
+                                                tmp_path):
+  result = helpers.run_main(*concrete(argv, fixtures, tmp_path))
+  assert result.returncode == 0, (where, argv, result.stderr[-2000:])
+  assert 'check_only: the' in result.stdout
+  assert not any(tmp_path.iterdir())  # nothing written
