@@ -11,7 +11,7 @@ the chips, rollout on the other half; collocated on several slices) with
 bfloat16 compute and full remat; micro batches grow with the actor's
 devices so that each holds one sample.
 Prints a markdown table, then one JSON line. Slow (minutes per row): run by
-hand, the output goes into docs/cluster.md.
+hand, the output goes into benchmarks/README.md.
 
   python benchmarks/compile_table.py [--only=gemma2-2b,gemma2-9b@v5p-512]
 """
