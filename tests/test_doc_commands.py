@@ -1,10 +1,12 @@
-"""Every `python -m tunix_pw.main` command in README.md and docs/ passes
+"""Every `python -m tunix_pw.main` command in README.md, docs/ and the
+config files' docstrings passes
 `--check_only` as written: its placeholders (a Hugging Face checkpoint,
 an earlier command's workdir, a dataset directory, a prompts file) become
-fixtures (a tiny transformers model, a 1-step SFT run),
+fixtures (examples/tiny_checkpoint.py's model, a 1-step SFT run),
 the JSONL datasets built from docs/data.md's own examples; a command
 for a cluster checks on 8 virtual CPU devices."""
 
+import ast
 import functools
 import importlib
 import pathlib
@@ -14,20 +16,24 @@ import shlex
 import pytest
 
 from tests import helpers
-from tests.models import hf_models
+from examples import tiny_checkpoint
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-DOCS = [ROOT / 'README.md', *sorted((ROOT / 'docs').glob('*.md'))]
+DOCS = [ROOT / 'README.md', *sorted((ROOT / 'docs').glob('*.md')),
+        ROOT / 'examples/README.md']
 MODELS = ('checkpoint', 'rl.reward_model', 'rl.judge')  # fields, by suffix
 OUTPUTS = ('export', 'output_dir', 'output_jsonl')
 
 
 def commands() -> list[tuple[str, list[str]]]:
-  """(where, argv after `tunix_pw.main`) of every command in a sh block."""
+  """(where, argv after `tunix_pw.main`) of every command in a sh block of
+  the docs, and in the config files' docstrings."""
   found = []
-  for doc in DOCS:
-    blocks = re.findall(r'```sh\n(.*?)```', doc.read_text(), re.S)
-    lines = re.sub(r'\\\n\s*', ' ', ''.join(blocks)).splitlines()
+  for doc in DOCS + sorted((ROOT / 'tunix_pw/configs').glob('*.py')):
+    text = doc.read_text()
+    blocks = (re.findall(r'```sh\n(.*?)```', text, re.S) if doc.suffix == '.md'
+              else [ast.get_docstring(ast.parse(text)) or ''])
+    lines = re.sub(r'\\\n\s*', ' ', '\n'.join(blocks)).splitlines()
     found += [(f'{doc.name}:{i}', shlex.split(
         line.split('tunix_pw.main', 1)[1], comments=True))
               for i, line in enumerate(lines) if 'tunix_pw.main' in line]
@@ -51,7 +57,7 @@ def default_data(config_arg: str) -> str:
 @pytest.fixture(scope='module')
 def fixtures(tmp_path_factory):
   root = tmp_path_factory.mktemp('placeholders')
-  hf_models.make('gemma2', str(root / 'hf'))
+  tiny_checkpoint.save(str(root / 'hf'))
   for name, lines in jsonl_examples().items():
     (root / name).mkdir()
     for split in ('train', 'test'):
@@ -66,7 +72,7 @@ def fixtures(tmp_path_factory):
 def test_the_docs_show_commands_and_datasets():
   where = {w.split(':')[0] for w, _ in commands()}
   assert {'README.md', 'data.md', 'rl.md', 'training.md', 'models.md',
-          'running.md', 'cluster.md'} <= where, where
+          'running.md', 'cluster.md', 'sft.py', 'grpo.py'} <= where, where
   assert set(jsonl_examples()) == {'gsm8k', 'chat', 'preferences',
                                    'unpaired', 'code'}
 
@@ -97,6 +103,7 @@ def concrete(argv: list[str], fixtures: pathlib.Path,
   return result + ['--check_only']
 
 
+@pytest.mark.slow  # a minute in all
 @pytest.mark.parametrize('where, argv', commands(),
                          ids=[w for w, _ in commands()])
 def test_a_documented_command_passes_check_only(where, argv, fixtures,

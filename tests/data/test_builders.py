@@ -110,13 +110,15 @@ def test_files_are_hashed_once_per_version(tmp_path):
   assert builders.jsonl_config(directory).name != first.name
 
 
-def test_missing_manual_files_and_unknown_names(tmp_path):
+def test_missing_manual_files_unknown_names_and_unread_directories(tmp_path):
   with pytest.raises(UsageError, match='train.jsonl is missing'):
     load(tmp_path, 'gsm8k')
   with pytest.raises(UsageError, match='manual_dir is required'):
     pipeline.DataSpec('chat', str(tmp_path)).builder()
   with pytest.raises(UsageError, match="name='wiki' is unknown"):
     pipeline.DataSpec('wiki', str(tmp_path)).builder()
+  with pytest.raises(UsageError, match='not read by the arithmetic'):
+    pipeline.DataSpec('arithmetic', str(tmp_path), str(tmp_path)).check()
 
 
 def test_unpaired_examples_and_their_labels(tmp_path):

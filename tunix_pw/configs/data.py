@@ -4,7 +4,7 @@ pipeline once, reporting what the pipeline makes of it.
   python -m tunix_pw.main --config=tunix_pw/configs/data.py:gsm8k \
       --config.data.manual_dir=/data/gsm8k --workdir=/tmp/data
 
-arg: the dataset (arithmetic, gsm8k, preferences, chat).
+arg: the dataset (arithmetic, gsm8k, preferences, unpaired, chat, code).
 """
 
 import ml_collections

@@ -6,7 +6,8 @@ distributions, mixed with the data's NLL (jobs/distill.py).
   python -m tunix_pw.main --config=tunix_pw/configs/distill.py:runlocal \
       --config.teacher.checkpoint=/tmp/teacher --workdir=/tmp/distill
   python -m tunix_pw.main --config=tunix_pw/configs/distill.py:gemma3-1b \
-      --config.teacher=... --config.data.name=chat \
+      --config.model.checkpoint=/ckpt/gemma-3-1b-it \
+      --config.teacher.checkpoint=/ckpt/gemma-3-4b-it --config.data.name=chat \
       --config.data.manual_dir=/data/chat --workdir=/gcs/bucket/distill
 
 arg: the student's preset, or 'runlocal' (a tiny Gemma student that sees

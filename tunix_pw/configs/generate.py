@@ -5,7 +5,8 @@
       --config.prompt="Why is the sky blue?" --config.chat=True \
       --workdir=/tmp/generate
   python -m tunix_pw.main --config=tunix_pw/configs/generate.py:runlocal \
-      --config.prompts_file=prompts.jsonl --config.output_jsonl=out.jsonl ...
+      --config.prompts_file=prompts.jsonl --config.output_jsonl=out.jsonl \
+      --workdir=/tmp/generate
 
 arg: a model preset name, or 'runlocal' (tiny model, character tokenizer).
 """

@@ -1,4 +1,4 @@
-"""SFT: full or LoRA/QLoRA fine-tuning on prompt/completion or chat data.
+"""SFT: full or LoRA/QLoRA fine-tuning on arithmetic, gsm8k or chat data.
 
   python -m tunix_pw.main --config=tunix_pw/configs/sft.py:runlocal \
       --workdir=/tmp/sft

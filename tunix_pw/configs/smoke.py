@@ -3,7 +3,8 @@ its parameters to the rollout mesh. Proves the runtime end to end.
 
   python -m tunix_pw.main --config=tunix_pw/configs/smoke.py \
       --workdir=/tmp/smoke
-  python -m tunix_pw.main --config=tunix_pw/configs/smoke.py:collocated ...
+  python -m tunix_pw.main --config=tunix_pw/configs/smoke.py:collocated \
+      --workdir=/tmp/smoke
 """
 
 import ml_collections

@@ -61,6 +61,11 @@ class DataSpec:
                        f'one of {", ".join(builders.BUILDERS)}.')
     if self.name == 'arithmetic':
       builders.arithmetic_config(**dict(self.arithmetic))
+      if self.manual_dir:
+        raise UsageError(f'--config.data.manual_dir={self.manual_dir!r} is '
+                         'not read by the arithmetic dataset; name the '
+                         "JSONL's kind in --config.data.name (gsm8k, chat, "
+                         'preferences, unpaired, code).')
     elif not self.manual_dir and checks.scope().data:
       raise UsageError(f'--config.data.manual_dir is required for '
                        f'{self.name}: a directory with train.jsonl and '
