@@ -5,11 +5,15 @@ import glob
 import gzip
 import json
 import signal
+import threading
 import time
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from tests import helpers
+from tunix_pw.train import goodput
 
 SFT = ['--config=tunix_pw/configs/sft.py:runlocal', '--config.steps=5',
        '--config.log_every=1', '--config.checkpoint.every=2',
@@ -63,3 +67,28 @@ def test_a_bad_profile_window_exits_2(tmp_path, spec):
   assert result.returncode == 2
   [line] = helpers.error_lines(result.stderr)
   assert f"profile_steps='{spec}' must be a step N" in line
+
+
+def test_compiles_in_threads_at_once_count_their_wall_time_once():
+  """Two threads compiling at once (a rollout's beside the trainer's)
+  inside the training loop: compilation is their overlap's wall time,
+  never more than the loop, and productive time is never negative."""
+  def compile_some(seed):
+    for n in range(6):
+      f = jax.jit(lambda x, n=n, seed=seed: jnp.cumsum(
+          jnp.sin(x * (seed + 1)) @ x.T + n, axis=seed % 2))
+      f.lower(jnp.ones((64 + n, 64 + n))).compile()
+
+  run = goodput.Goodput()
+  with run.training():
+    threads = [threading.Thread(target=compile_some, args=(i,))
+               for i in range(2)]
+    began = time.perf_counter()
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
+    wall = time.perf_counter() - began
+  values, _ = run.summary('test')
+  assert 0 < values['goodput/compilation_s'] <= wall + 0.01, (values, wall)
+  assert values['goodput/productive_s'] >= 0, values
