@@ -36,7 +36,7 @@ import jax
 import ml_collections
 from ml_collections import config_flags
 
-from tunix_pw import checks, compile_only, jobs
+from tunix_pw import checks, compile_only, console, jobs
 from tunix_pw.configs import reference
 from tunix_pw import workdir as workdir_lib
 from tunix_pw.errors import InfrastructureError, UsageError, disk_full
@@ -272,6 +272,9 @@ def main(argv: Sequence[str]) -> None:
     runtime = backend.start(detection, config.runtime.host_device_count,
                             config.runtime.peer_timeout_s)
     preemption = Preemption(runtime)  # SIGTERM from here on means: stop agreed
+    console.plain_every_s = config.runtime.progress_every_s
+    if runtime.is_coordinator and not _CHECK_ONLY.value:
+      console.announce_compiles()
     role_meshes = meshes.build(config.meshes, runtime.devices)
     if runtime.is_coordinator:
       print(f'{runtime.describe()}; meshes: {role_meshes.describe()}',

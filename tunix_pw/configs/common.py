@@ -22,6 +22,7 @@ def runtime(host_device_count: int = 0) -> ml_collections.ConfigDict:
       reshard_group_mib=256,
       peer_timeout_s=300,
       profile_steps='',
+      progress_every_s=60.0,
       elastic=dict(min_slices=0, poll_s=10.0, timeout_s=0.0, max_attempts=10),
   ))
 

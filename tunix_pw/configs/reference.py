@@ -203,6 +203,8 @@ HELP: dict[str, str] = {
                                  'in MiB.',
     'runtime.peer_timeout_s': 'Multi-controller: seconds processes wait for '
                               'a peer before the job ends with an error.',
+    'runtime.progress_every_s': 'Outside a terminal (a log), seconds '
+                                'between progress lines.',
     'runtime.profile_steps': "A profiler trace of these steps ('5', '5:8') "
                              "to <workdir>/profile; '': none.",
     'runtime.elastic.min_slices': 'Pathways: keep running through slice '

@@ -275,9 +275,8 @@ def announce_sync(name: str, parts: Parts) -> bool:
   whether there was one to announce."""
   synced = parts.sampler.last_sync
   if synced and parts.runtime.is_coordinator:
-    print(f'{name}: weight sync by {synced.path}, '
-          f'{synced.bytes / 2**20:.1f} MiB in {synced.groups} groups',
-          flush=True)
+    console.say(f'{name}: weight sync by {synced.path}, '
+                f'{synced.bytes / 2**20:.1f} MiB in {synced.groups} groups')
   return bool(synced)
 
 

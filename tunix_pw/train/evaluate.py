@@ -78,7 +78,11 @@ def exact_match(engine: RolloutEngine, tokenizer: Tokenizer,
 
 
 def summary(job: str, result: dict[str, float]) -> str:
-  """The line a job prints about its held-out accuracy."""
+  """The line a job prints about an evaluation: its held-out accuracy, or
+  (a loss or pairs evaluation) its eval/ metrics."""
+  if 'eval/accuracy' not in result:
+    return f'{job}: held-out ' + ', '.join(
+        f'{k[5:]}={v:.4g}' for k, v in result.items() if k.startswith('eval/'))
   return (f'{job}: held-out greedy exact match {result["eval/accuracy"]:.1%} '
           f'({int(result["eval/correct"])}/{int(result["eval/total"])}, '
           f'95% CI {result["eval/ci_low"]:.1%}-{result["eval/ci_high"]:.1%})')

@@ -19,6 +19,7 @@ from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.throttle import InflightThrottler
 from tunix_pw.train import metrics
 from tunix_pw.train import checkpoint as checkpoint_lib
+from tunix_pw.train import evaluate as evaluate_lib
 from tunix_pw.train import goodput as goodput_lib
 from tunix_pw.train.checkpoint import Checkpointer
 from tunix_pw.train.step import TrainState
@@ -139,9 +140,13 @@ class Session:
 
   def evaluated(self, step: int, evaluate: Callable[[], dict[str, Any]]
                 ) -> dict[str, float]:
-    """`evaluate()`'s metrics, timed and written at `step`."""
+    """`evaluate()`'s metrics, timed and written at `step`, and said
+    (the last step's is the job's to say)."""
     with self.goodput.lost('evaluation'):
-      return self.writer.write(step, evaluate())
+      result = self.writer.write(step, evaluate())
+    if self.runtime.is_coordinator and step != self.config.steps:
+      console.say(evaluate_lib.summary(f'{self.name}: step {step}', result))
+    return result
 
   def wait(self) -> None:
     """Until the checkpoints being written are."""

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import functools
 from typing import Any
 
-from tunix_pw import checks
+from tunix_pw import checks, console
 from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.models import blocks, checkpoints
@@ -200,6 +200,6 @@ def reached(config: Any, result: dict[str, float], runtime: Any) -> bool:
   if not target or result['eval/accuracy'] < target:
     return False
   if runtime.is_coordinator:
-    print(f'sft: held-out accuracy {result["eval/accuracy"]:.1%} reached '
-          f'--config.stop_at_accuracy={target:g}: stopping', flush=True)
+    console.say(f'sft: held-out accuracy {result["eval/accuracy"]:.1%} '
+                f'reached --config.stop_at_accuracy={target:g}: stopping')
   return True
