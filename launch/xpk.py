@@ -35,6 +35,7 @@ from typing import Any
 from absl import app, flags
 
 from tunix_pw import checks, main as tunix_main
+from tunix_pw import workdir as workdir_lib
 from tunix_pw.errors import UsageError
 from tunix_pw.rl import asynchronous
 from tunix_pw.runtime import meshes, topology
@@ -271,6 +272,11 @@ def launch(argv: list[str]) -> str:
                      'with GCS FUSE.')
   grace, grace_note = termination_grace(config, xpk_config)
   run_flags = job_flags(argv)
+  if not any(f.startswith('--config.runtime.compilation_cache_dir')
+             for f in run_flags):  # the pod's disk dies with it: restarts
+    # (preemption, a new topology) read the programs back instead
+    run_flags.append('--config.runtime.compilation_cache_dir=' + (
+        workdir_lib.path(workdir, workdir_lib.COMPILATION_CACHE)))
   command = shlex.join(['python', '-m', 'tunix_pw.main'] + run_flags)
   workload = workload_name(config)
   manifest = _MANIFEST.value or os.path.join(

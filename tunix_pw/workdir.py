@@ -11,6 +11,7 @@
   <stage>/             a pipeline's stages, each a workdir of its own
   progress.png         a pipeline's plot
   eval.json, smoke_summary.json, data_p<i>.json   those jobs' results
+  compilation_cache/   XLA's compiled programs, where launch/xpk.py puts them
 
 A workdir is a local path or a `gs://` URL: the files here go through
 `read_text` / `write_text` / `append_text` (etils.epath, gcsfs on GCS), the
@@ -37,6 +38,7 @@ COMPILE_REPORT = 'compile_report.json'
 PROGRESS = 'progress.png'
 EVAL = 'eval.json'
 SMOKE_SUMMARY = 'smoke_summary.json'
+COMPILATION_CACHE = 'compilation_cache'
 
 
 def data_report(process_index: int) -> str:

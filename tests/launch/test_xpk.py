@@ -52,7 +52,8 @@ def test_dry_run_renders_the_jobset(tmp_path, name):
   script = container['command'][-1]
   assert ('python -m tunix_pw.main --config=tunix_pw/configs/grpo.py:'
           'gemma2-2b --config.data.name=arithmetic --config.rl.kl_beta=0.01 '
-          '--workdir=/gcs/bucket/runs/r1') in script
+          '--workdir=/gcs/bucket/runs/r1 --config.runtime.compilation_cache_dir'
+          '=/gcs/bucket/runs/r1/compilation_cache') in script  # outlives pods
   assert container['image'] == infra['image']
   env_vars = {e['name']: e.get('value') for e in container['env'] or []}
   for key, value in infra['env'].items():
@@ -165,7 +166,8 @@ def test_the_run_config_is_validated_first(tmp_path, args, message):
 
 def test_a_gs_workdir_needs_no_mount(tmp_path):
   """The job writes gs:// itself (tests/test_gcs.py): the pods get the
-  URL, and no GCS FUSE volume."""
+  URL, and no GCS FUSE volume; the compilation cache goes there too, unless
+  the run names its own."""
   manifest = tmp_path / 'm.yaml'
   result = launch(tmp_path,
                   f'--xpk_config={os.path.join(CONFIGS, "v5e-16.yaml")}',
@@ -175,6 +177,17 @@ def test_a_gs_workdir_needs_no_mount(tmp_path):
   rendered = manifest.read_text()
   assert '--workdir=gs://bucket/runs/r1' in rendered
   assert 'gcsfuse' not in rendered
+  assert ('--config.runtime.compilation_cache_dir=gs://bucket/runs/r1/'
+          'compilation_cache') in rendered
+  own = tmp_path / 'own.yaml'  # a cache the run names is kept
+  result = launch(tmp_path,
+                  f'--xpk_config={os.path.join(CONFIGS, "v5e-16.yaml")}',
+                  *RUN[:-1], '--workdir=gs://bucket/runs/r1',
+                  '--config.runtime.compilation_cache_dir=gs://bucket/xla',
+                  '--dry_run', f'--manifest={own}')
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert own.read_text().count('compilation_cache_dir') == 1
+  assert 'compilation_cache_dir=gs://bucket/xla' in own.read_text()
 
 
 def readme_commands(section: str) -> list[str]:
