@@ -10,8 +10,9 @@ weights a rollout is generated with follows the threads' timing.
 XLA compiles CPU code for the processor it runs on, and its float rounding
 differs between processor kinds (the machine the goldens were first
 recorded on and an AMD EPYC gave last-bit differences from the first update
-on, for the same code): each kind has its goldens (`goldens/<kind>/`, the
-first kind's at the top), and a run must equal one of them bit for bit."""
+on, for the same code; an AMD EPYC without AVX-512, `amd_epyc_avx2`, from
+another): each kind has its goldens (`goldens/<kind>/`, the first kind's
+at the top), and a run must equal one of them bit for bit."""
 
 import hashlib
 import json
