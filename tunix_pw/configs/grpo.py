@@ -75,6 +75,7 @@ def rl_block(variant: str, local: bool) -> ml_collections.ConfigDict:
       refill_rounds=2,  # DAPO: prompt batches drawn to replace dropped groups
       max_prompt_length=12 if local else 256,
       max_new_tokens=6 if local else 512,
+      logits_chunk=0,  # positions per chunk of logits (0: by vocabulary)
       temperature=1.0, top_p=1.0, top_k=0,
       # The rollout engine's log-probabilities against the trainer's:
       # truncated importance weights min(pi_old / pi_rollout, tis_cap) on

@@ -14,13 +14,42 @@ from tunix_pw.rl import functions  # pylint: disable=unused-import (registers)
 from tunix_pw.train import distill_losses
 
 
+# Positions per chunk of the vocabulary's logits, by default: about 128 MiB
+# of float32 logits per batch row (262,144 entries: 128 positions), and the
+# whole sequence at once for small vocabularies.
+CHUNK_BYTES = 2**27
+
+
+def chunk_size(vocab: int, chunk: int = 0) -> int:
+  """`rl.logits_chunk`, or (0) the default for a vocabulary of `vocab`."""
+  return chunk or max(16, CHUNK_BYTES // (4 * vocab))
+
+
 def token_logps(model, tokens, positions, segments,
-                shard: Sharder = Sharder(), temperature: float = 1.0):
+                shard: Sharder = Sharder(), temperature: float = 1.0,
+                chunk: int = 0):
   """log p(token t+1 | ...) at every position [N, T-1], and the entropy,
   of the policy at `temperature`; `shard` keeps the activations on the
-  mesh's data axes."""
-  logits, _ = model(tokens, positions, segments, shard=shard)
-  return logps_of(logits, tokens, temperature)
+  mesh's data axes. The logits exist `chunk_size` positions at a time
+  (`rl.logits_chunk`), never [N, T, V] whole; their gradients are exact
+  (each chunk's logits are recomputed in the backward pass)."""
+  x, _ = model.hidden(tokens, positions, segments, shard=shard)
+  n, t, d = x.shape
+  step = min(chunk_size(model.cfg.vocab_size, chunk), t)
+  if step == t:
+    return logps_of(model.logits(x, shard), tokens, temperature)
+  pad = -t % step
+  targets = jnp.pad(jnp.roll(tokens, -1, axis=1), ((0, 0), (0, pad)))
+  xs = jnp.pad(x, ((0, 0), (0, pad), (0, 0))).reshape(n, -1, step, d)
+  ts = targets.reshape(n, -1, step)
+
+  @jax.checkpoint
+  def one(piece):
+    return _stats(model.logits(piece[0], shard), piece[1], temperature)
+
+  logp, entropy = jax.lax.map(one, (xs.swapaxes(0, 1), ts.swapaxes(0, 1)))
+  unchunk = lambda a: a.swapaxes(0, 1).reshape(n, -1)[:, :t - 1]
+  return unchunk(logp), unchunk(entropy)
 
 
 def logps_of(logits: jax.Array, tokens: jax.Array, temperature: float = 1.0
@@ -29,17 +58,24 @@ def logps_of(logits: jax.Array, tokens: jax.Array, temperature: float = 1.0
   distribution the sampler draws from at temperature T (before top-k and
   top-p), so that the rollout's, the old, the current and the reference
   log-probabilities all describe one policy."""
-  # Reductions over the vocabulary only, which XLA fuses: no [N, T, V]
-  # log-softmax is materialised. All T positions, cut to T-1 once reduced: a
-  # slice of the sharded logits trips the TPU compiler (libtpu 0.0.42).
+  # All T positions, cut to T-1 once reduced: a slice of the sharded logits
+  # trips the TPU compiler (libtpu 0.0.42).
+  logp, entropy = _stats(logits, jnp.roll(tokens, -1, axis=1), temperature)
+  return logp[:, :-1], entropy[:, :-1]
+
+
+def _stats(logits: jax.Array, targets: jax.Array, temperature: float
+           ) -> tuple[jax.Array, jax.Array]:
+  """log p(targets) and the entropy at each position of softmax(logits /
+  temperature). Reductions over the vocabulary only, which XLA fuses: no
+  log-softmax is materialised."""
   logits = logits.astype(jnp.float32)
   if temperature != 1.0:
     logits = logits / temperature
   normaliser = jax.nn.logsumexp(logits, axis=-1)
-  targets = jnp.roll(tokens, -1, axis=1)
   chosen = jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]
   mean_logit = (jnp.exp(logits - normaliser[..., None]) * logits).sum(-1)
-  return (chosen - normaliser)[:, :-1], (normaliser - mean_logit)[:, :-1]
+  return chosen - normaliser, normaliser - mean_logit
 
 
 def rl_loss(model, batch, rng, *, rl: Any, distill: Any = None,
@@ -50,9 +86,14 @@ def rl_loss(model, batch, rng, *, rl: Any, distill: Any = None,
   position adds weight x the divergence of the whole next-token
   distributions (GKD's on-policy term, Agarwal et al. 2024)."""
   del rng
-  logits, _ = model(batch['tokens'], batch['positions'],
-                    batch['segment_ids'], shard=shard)
-  logp, entropy = logps_of(logits, batch['tokens'], rl.temperature)
+  if 'teacher_logits' in batch:  # the whole distributions are compared
+    logits, _ = model(batch['tokens'], batch['positions'],
+                      batch['segment_ids'], shard=shard)
+    logp, entropy = logps_of(logits, batch['tokens'], rl.temperature)
+  else:
+    logp, entropy = token_logps(model, batch['tokens'], batch['positions'],
+                                batch['segment_ids'], shard, rl.temperature,
+                                rl.logits_chunk)
   mask = batch['loss_mask'][:, 1:].astype(jnp.float32)
   old = batch.get('old_logps', jax.lax.stop_gradient(logp))
   per_token, clipped = registry.get('policy_loss', rl.policy_loss)(

@@ -37,7 +37,8 @@ def make_logps(config: Any, mesh, graphdef):
   shard = Sharder(mesh, config.sharding)
   return jax.jit(lambda state, b: loss_lib.token_logps(
       nnx.merge(graphdef, state), b['tokens'], b['positions'],
-      b['segment_ids'], shard, config.rl.temperature)[0])
+      b['segment_ids'], shard, config.rl.temperature,
+      config.rl.logits_chunk)[0])
 
 
 def whole_distributions(config: Any) -> bool:
