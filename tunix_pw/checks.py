@@ -41,6 +41,15 @@ def limited(**fields: bool) -> Iterator[None]:
     _scope.reset(token)
 
 
+def not_negative(block: Any, prefix: str, *fields: str) -> None:
+  """Each named integer field of `block` is at least 0 (0: a default)."""
+  for field in fields:
+    value = block[field]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+      raise UsageError(f'{prefix}.{field}={value!r} must be an integer of at '
+                       'least 0.')
+
+
 def at_least_one(block: Any, prefix: str, *fields: str) -> None:
   """Each named integer field of `block` is at least 1 (sizes, counts and
   cadences that the jobs divide by)."""

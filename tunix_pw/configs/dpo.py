@@ -45,6 +45,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.steps = 50 if local else 1000
   c.batch_size = 32 if local else 64
   c.micro_batches = 1
+  c.logits_chunk = 0  # positions per chunk of logits (0: by vocabulary)
   c.log_every = 10
   c.eval_every = 0  # steps between held-out evaluations (0: the end only)
   c.eval_batch_size = 100 if local else 64

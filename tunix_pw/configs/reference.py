@@ -71,6 +71,11 @@ HELP: dict[str, str] = {
     'micro_batches': 'Gradient accumulation: the step\'s batch runs in this '
                      'many equal parts, one optimizer update.',
     'learning_rate': "The smoke loop's SGD step size.",
+    'logits_chunk': 'Positions whose logits the loss (and a reference\'s '
+                    'log-probabilities) hold at once: [tokens, vocab] never '
+                    'exists whole; 0: about 128 MiB per row, by vocabulary.',
+    'distill:logits_chunk': 'Must be 0: distillation compares whole '
+                            'next-token distributions.',
     'log_every': 'Steps between metric lines on the console and in '
                  'metrics.jsonl / TensorBoard.',
     'eval_every': 'Steps between held-out evaluations; 0: at the start '

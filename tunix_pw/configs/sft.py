@@ -30,6 +30,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.steps = 300 if local else 2000
   c.batch_size = 64 if local else 128
   c.micro_batches = 1
+  c.logits_chunk = 0  # positions per chunk of logits (0: by vocabulary)
   c.log_every = 20
   c.eval_every = 0  # steps between held-out evaluations; 0: at the end only
   # Stop once an eval_every evaluation reaches this accuracy (0: off).

@@ -57,6 +57,10 @@ def validate(config: Any) -> None:
                      f'of {", ".join(STRATEGIES)} and pooling='
                      f'{d.pooling!r} one of {", ".join(POOLING)}.')
   setup.check_logit_distillation(d)
+  if config.logits_chunk:
+    raise UsageError(f'--config.logits_chunk={config.logits_chunk} cannot '
+                     'apply: distillation compares whole next-token '
+                     'distributions (leave it 0).')
   if d.sft_weight < 0 or d.weight + d.sft_weight == 0:
     raise UsageError('--config.distill.weight and sft_weight must be at '
                      'least 0, and not both 0.')

@@ -42,6 +42,7 @@ def sides(algorithm: str) -> tuple[str, str]:
 def validate(config: Any) -> None:
   checks.at_least_one(config, '--config', 'steps', 'batch_size',
                       'micro_batches', 'log_every', 'eval_batch_size')
+  checks.not_negative(config, '--config', 'logits_chunk')
   kto = config.dpo.algorithm == 'kto'
   if config.data.name not in PAIRED + (('unpaired',) if kto else ()):
     also = ", or 'unpaired' (labelled examples)" if kto else ''
@@ -68,22 +69,22 @@ def validate(config: Any) -> None:
                          '--config.batch_size / --config.micro_batches')
 
 
-def sequence_logps(model, batch, side: str, shard: Sharder = Sharder()):
-  """Summed completion log-probability and completion length per row."""
-  logits, _ = model(batch[f'{side}_tokens'], batch[f'{side}_positions'],
-                    batch[f'{side}_segment_ids'], shard=shard)
-  nll, weight, _ = step_lib.token_nll(
-      logits, batch[f'{side}_tokens'], batch[f'{side}_loss_mask'],
-      batch[f'{side}_segment_ids'])
+def sequence_logps(model, batch, side: str, shard: Sharder = Sharder(),
+                   chunk: int = 0):
+  """Summed completion log-probability and completion length per row (the
+  logits `--config.logits_chunk` positions at a time)."""
+  nll, weight, _ = step_lib.model_token_nll(
+      model, batch[f'{side}_tokens'], batch[f'{side}_positions'],
+      batch[f'{side}_segment_ids'], batch[f'{side}_loss_mask'], shard, chunk)
   return -(nll * weight).sum(-1), weight.sum(-1)
 
 
 def kto_loss(model, batch, *, beta: float, lambdas: tuple[float, float],
-             shard: Sharder):
+             shard: Sharder, chunk: int = 0):
   """KTO's loss over labelled examples; `preferred`: examples whose reward
   sits on their label's side of the reference point."""
-  (logps, _), (mismatched, _) = (sequence_logps(model, batch, side, shard)
-                                 for side in KTO_SIDES)
+  (logps, _), (mismatched, _) = (
+      sequence_logps(model, batch, side, shard, chunk) for side in KTO_SIDES)
   examples = losses.Unpaired(logps, batch['ref_completion'], mismatched,
                              batch['ref_mismatched'], batch['desirable'])
   per_example = losses.kto(examples, beta, *lambdas)
@@ -97,12 +98,13 @@ def kto_loss(model, batch, *, beta: float, lambdas: tuple[float, float],
 
 def preference_loss(model, batch, rng, *, algorithm: str, beta: float,
                     lam: float, kto_lambdas: tuple[float, float] = (1., 1.),
-                    shard: Sharder = Sharder()):
+                    shard: Sharder = Sharder(), chunk: int = 0):
   del rng
   if algorithm == 'kto':
-    return kto_loss(model, batch, beta=beta, lambdas=kto_lambdas, shard=shard)
-  pair = losses.Pair(*sequence_logps(model, batch, 'chosen', shard),
-                     *sequence_logps(model, batch, 'rejected', shard),
+    return kto_loss(model, batch, beta=beta, lambdas=kto_lambdas, shard=shard,
+                    chunk=chunk)
+  pair = losses.Pair(*sequence_logps(model, batch, 'chosen', shard, chunk),
+                     *sequence_logps(model, batch, 'rejected', shard, chunk),
                      batch.get('ref_chosen'), batch.get('ref_rejected'))
   per_pair = registry.get('preference_loss', algorithm)(pair, beta, lam)
   if algorithm == 'orpo':  # no reference: the mean log-probabilities' margin
@@ -126,7 +128,7 @@ def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
           beta=config.dpo.beta, lam=config.dpo.orpo_lambda,
           kto_lambdas=(config.dpo.kto_lambda_desirable,
                        config.dpo.kto_lambda_undesirable),
-          shard=Sharder(mesh, config.sharding)),
+          shard=Sharder(mesh, config.sharding), chunk=config.logits_chunk),
       micro_batches=config.micro_batches, total_updates=config.steps,
       abstract=abstract)
 
@@ -137,7 +139,8 @@ def make_logps(config: Any, graphdef: Any, mesh: Any,
   of both sequences `names` (chosen and rejected, or KTO's)."""
   shard = Sharder(mesh, config.sharding)
   return jax.jit(lambda state, batch: tuple(
-      sequence_logps(nnx.merge(graphdef, state), batch, side, shard)[0]
+      sequence_logps(nnx.merge(graphdef, state), batch, side, shard,
+                     config.logits_chunk)[0]
       for side in names))
 
 

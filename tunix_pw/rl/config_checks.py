@@ -23,6 +23,7 @@ def validate(config: Any) -> None:
                       'prompts_per_step', 'mini_batch_size',
                       'micro_batch_size', 'logps_micro_batch_size',
                       'num_iterations', 'max_prompt_length', 'max_new_tokens')
+  checks.not_negative(config.rl, '--config.rl', 'logits_chunk')
   checkpoints.check_model_block(config.model)
   prompts_lib.check(config)
   check_evaluation(config)

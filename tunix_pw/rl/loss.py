@@ -12,17 +12,7 @@ from tunix_pw import registry
 from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.rl import functions  # pylint: disable=unused-import (registers)
 from tunix_pw.train import distill_losses
-
-
-# Positions per chunk of the vocabulary's logits, by default: about 128 MiB
-# of float32 logits per batch row (262,144 entries: 128 positions), and the
-# whole sequence at once for small vocabularies.
-CHUNK_BYTES = 2**27
-
-
-def chunk_size(vocab: int, chunk: int = 0) -> int:
-  """`rl.logits_chunk`, or (0) the default for a vocabulary of `vocab`."""
-  return chunk or max(16, CHUNK_BYTES // (4 * vocab))
+from tunix_pw.train import step as step_lib
 
 
 def token_logps(model, tokens, positions, segments,
@@ -30,26 +20,17 @@ def token_logps(model, tokens, positions, segments,
                 chunk: int = 0):
   """log p(token t+1 | ...) at every position [N, T-1], and the entropy,
   of the policy at `temperature`; `shard` keeps the activations on the
-  mesh's data axes. The logits exist `chunk_size` positions at a time
-  (`rl.logits_chunk`), never [N, T, V] whole; their gradients are exact
-  (each chunk's logits are recomputed in the backward pass)."""
+  mesh's data axes. The logits exist `rl.logits_chunk` positions at a
+  time (`step_lib.by_chunks`), never [N, T, V] whole."""
   x, _ = model.hidden(tokens, positions, segments, shard=shard)
-  n, t, d = x.shape
-  step = min(chunk_size(model.cfg.vocab_size, chunk), t)
-  if step == t:
+  step = step_lib.chunk_size(model.cfg.vocab_size, chunk)
+  if step >= x.shape[1]:
     return logps_of(model.logits(x, shard), tokens, temperature)
-  pad = -t % step
-  targets = jnp.pad(jnp.roll(tokens, -1, axis=1), ((0, 0), (0, pad)))
-  xs = jnp.pad(x, ((0, 0), (0, pad), (0, 0))).reshape(n, -1, step, d)
-  ts = targets.reshape(n, -1, step)
-
-  @jax.checkpoint
-  def one(piece):
-    return _stats(model.logits(piece[0], shard), piece[1], temperature)
-
-  logp, entropy = jax.lax.map(one, (xs.swapaxes(0, 1), ts.swapaxes(0, 1)))
-  unchunk = lambda a: a.swapaxes(0, 1).reshape(n, -1)[:, :t - 1]
-  return unchunk(logp), unchunk(entropy)
+  logp, entropy = step_lib.by_chunks(
+      model, x, jnp.roll(tokens, -1, axis=1),
+      lambda logits, targets: _stats(logits, targets, temperature), step,
+      shard)
+  return logp[:, :-1], entropy[:, :-1]
 
 
 def logps_of(logits: jax.Array, tokens: jax.Array, temperature: float = 1.0

@@ -22,6 +22,8 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 import optax
 
+from tunix_pw.runtime.sharding import Sharder
+
 LossFn = Callable[[Any, dict[str, jax.Array], jax.Array],
                   tuple[jax.Array, dict[str, jax.Array]]]
 
@@ -91,10 +93,68 @@ def token_nll(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array,
   logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32))
   targets = tokens[:, 1:]
   nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-  weight = (loss_mask[:, 1:] * (segment_ids[:, 1:] == segment_ids[:, :-1]) *
-            (segment_ids[:, 1:] > 0)).astype(jnp.float32)
   correct = (jnp.argmax(logp, axis=-1) == targets).astype(jnp.float32)
-  return nll, weight, correct
+  return nll, _target_weight(loss_mask, segment_ids), correct
+
+
+def _target_weight(loss_mask: jax.Array, segment_ids: jax.Array) -> jax.Array:
+  return (loss_mask[:, 1:] * (segment_ids[:, 1:] == segment_ids[:, :-1]) *
+          (segment_ids[:, 1:] > 0)).astype(jnp.float32)
+
+
+# Positions per chunk of the vocabulary's logits, by default: about 128 MiB
+# of float32 logits per batch row (262,144 entries: 128 positions), and the
+# whole sequence at once for small vocabularies.
+CHUNK_BYTES = 2**27
+
+
+def chunk_size(vocab: int, chunk: int = 0) -> int:
+  """A config's `logits_chunk`, or (0) the default for `vocab` entries."""
+  return chunk or max(16, CHUNK_BYTES // (4 * vocab))
+
+
+def by_chunks(model, x: jax.Array, targets: jax.Array,
+              reduce: Callable[[jax.Array, jax.Array], tuple[jax.Array, ...]],
+              step: int, shard: Sharder = Sharder()) -> tuple[jax.Array, ...]:
+  """`reduce(logits [B, c, V], targets [B, c])` -> arrays [B, c], over the
+  final hidden states x [B, T, D] `step` positions at a time, joined to
+  [B, T]: the LM head's logits exist one chunk at a time, and are
+  recomputed chunk by chunk in the backward pass (`jax.checkpoint`), so
+  gradients are exact and [B, T, V] never exists whole."""
+  n, t, d = x.shape
+  pad = -t % step
+  xs = jnp.pad(x, ((0, 0), (0, pad), (0, 0))).reshape(n, -1, step, d)
+  ts = jnp.pad(targets, ((0, 0), (0, pad))).reshape(n, -1, step)
+
+  @jax.checkpoint
+  def one(piece):
+    return reduce(model.logits(piece[0], shard), piece[1])
+
+  out = jax.lax.map(one, (xs.swapaxes(0, 1), ts.swapaxes(0, 1)))
+  return tuple(a.swapaxes(0, 1).reshape(n, -1)[:, :t] for a in out)
+
+
+def model_token_nll(model, tokens: jax.Array, positions: jax.Array,
+                    segment_ids: jax.Array, loss_mask: jax.Array,
+                    shard: Sharder = Sharder(), chunk: int = 0
+                    ) -> tuple[jax.Array, ...]:
+  """`token_nll` of the model's logits, `chunk` positions of them at a time
+  (`chunk_size`; a sequence that fits one chunk takes them whole)."""
+  x, _ = model.hidden(tokens, positions, segment_ids, shard=shard)
+  step = chunk_size(model.cfg.vocab_size, chunk)
+  if step >= x.shape[1]:
+    return token_nll(model.logits(x, shard), tokens, loss_mask, segment_ids)
+
+  def reduce(logits, targets):
+    logits = logits.astype(jnp.float32)
+    chosen = jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]
+    return (jax.nn.logsumexp(logits, axis=-1) - chosen,
+            (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32))
+
+  nll, correct = by_chunks(model, x, jnp.roll(tokens, -1, axis=1), reduce,
+                           step, shard)
+  return (nll[:, :-1], _target_weight(loss_mask, segment_ids),
+          correct[:, :-1])
 
 
 def make_step(graphdef: nnx.GraphDef, frozen: Any, loss_fn: LossFn,

@@ -32,6 +32,7 @@ def check(config: Any) -> None:
   checks.at_least_one(config, '--config', 'steps', 'batch_size',
                       'micro_batches', 'log_every', 'eval_batch_size',
                       'eval_max_new_tokens')
+  checks.not_negative(config, '--config', 'logits_chunk')
   checkpoints.check_model_block(config.model)
   pipeline.check_data_block(config.data)
   optim.check(config.optimizer)
@@ -57,24 +58,24 @@ def check(config: Any) -> None:
                          '--config.batch_size / --config.micro_batches')
 
 
-def sft_loss(model, batch, rng, shard: Sharder = Sharder()):
+def sft_loss(model, batch, rng, shard: Sharder = Sharder(), chunk: int = 0):
   """`shard` constrains activations to the mesh (batch over the data
-  axes), so XLA never replicates them where the weights are sharded."""
+  axes), so XLA never replicates them where the weights are sharded;
+  `chunk`: `--config.logits_chunk`."""
   del rng
-  logits, _ = model(batch['tokens'], batch['positions'], batch['segment_ids'],
-                    shard=shard)
-  nll, weight, correct = step_lib.token_nll(logits, batch['tokens'],
-                                            batch['loss_mask'],
-                                            batch['segment_ids'])
+  nll, weight, correct = step_lib.model_token_nll(
+      model, batch['tokens'], batch['positions'], batch['segment_ids'],
+      batch['loss_mask'], shard, chunk)
   return (nll * weight).sum(), dict(weight=weight.sum(),
                                     accuracy=(correct * weight).sum())
 
 
 def plan(config: Any, meshes: meshes_lib.RoleMeshes, *, abstract: bool,
-         loss: Any = sft_loss) -> program.Program:
+         loss: Any = None) -> program.Program:
   """The policy and its train step (from shapes when `abstract`);
-  `loss(model, batch, rng, shard=)`: SFT's, or distillation's."""
+  `loss(model, batch, rng, shard=)`: distillation's, or (None) SFT's."""
   mesh = meshes['actor']
+  loss = loss or functools.partial(sft_loss, chunk=config.logits_chunk)
   return program.build(
       config, mesh, functools.partial(
           loss, shard=Sharder(mesh, config.sharding)),
