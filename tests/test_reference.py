@@ -3,7 +3,10 @@ its generator prints, and `list` / `--print_config` work through main."""
 
 import pathlib
 
+from absl import flags
+
 from tests import helpers
+from tunix_pw import main
 from tunix_pw.configs import reference
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -28,16 +31,21 @@ def test_every_config_file_is_a_listed_job():
 
 def test_the_reference_page_is_what_the_generator_prints():
   page = (ROOT / 'docs/reference.md').read_text()
-  assert page == reference.reference(), (
-      'docs/reference.md is stale: python -m tunix_pw.configs.reference '
-      '> docs/reference.md')
+  assert page == reference.reference(main._command_line(),
+                                     main._exit_codes()), (
+      'docs/reference.md is stale: tunix-pw reference > docs/reference.md')
+  defined = {f.name for f in flags.FLAGS.get_flags_for_module(main)}
+  assert {f.name for f in main._FLAGS} == defined  # every flag of main
 
 
-def test_list_and_print_config_through_main():
+def test_list_reference_and_print_config_through_main():
   listed = helpers.run_main('list')
   assert listed.returncode == 0, listed.stderr
   for name, (grammar, _, _) in reference.JOBS.items():
     assert f'{name}.py' in listed.stdout and grammar in listed.stdout
+  printed = helpers.run_main('reference')
+  assert printed.returncode == 0, printed.stderr
+  assert printed.stdout == (ROOT / 'docs/reference.md').read_text()
   shown = helpers.run_main('--config=tunix_pw/configs/demo.py',
                            '--config.grpo.rl.temperature=0.7',
                            '--print_config')

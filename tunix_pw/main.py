@@ -6,11 +6,13 @@ r"""Entry point of every tunix_pw job.
       [--compile_num_slices=N]   # does the job fit? (no TPU needed)
   python -m tunix_pw.main --config=... --print_config  # fields, with help
   python -m tunix_pw.main list   # the jobs' config files and arguments
+  python -m tunix_pw.main reference > docs/reference.md
 
 Exit codes: 0 done; 2 bad config, usage or input (one sentence on stderr,
-no traceback); 42 preempted after a checkpoint (XPK restarts on it); 1 the
-workdir's disk is full (one sentence; the complete checkpoints are intact)
-or a crash.
+no traceback); 42 preempted after a checkpoint (XPK restarts on it); 1 an
+infrastructure failure (one sentence: e.g. code sandboxes that cannot
+start), the workdir's disk is full (one sentence; the complete checkpoints
+are intact) or a crash.
 """
 
 from __future__ import annotations
@@ -78,6 +80,21 @@ _CHECK_ONLY = flags.DEFINE_bool(
     'devices) and exit 0 or 2; nothing is written, no job runs. With '
     '--compile_topology: the config phase only (shapes, no files or data), '
     'nothing compiled.')
+
+_FLAGS = (CONFIG, WORKDIR, _PRINT_CONFIG, _CHECK_ONLY, _COMPILE_TOPOLOGY,
+          _COMPILE_NUM_SLICES, _COMPILE_BACKEND, _COORDINATOR,
+          _NUM_PROCESSES, _PROCESS_ID)
+
+
+def _command_line() -> list[tuple[str, Any, str]]:
+  return [(f.name, f.default, flags.FLAGS[f.name].help) for f in _FLAGS]
+
+
+def _exit_codes() -> str:
+  """The module docstring's paragraph on exit codes."""
+  return next(p.strip() for p in __doc__.split('\n\n')
+              if p.startswith('Exit codes'))
+
 
 EXIT_USAGE = 2
 EXIT_DISK_FULL = EXIT_INFRASTRUCTURE = 1
@@ -151,6 +168,9 @@ def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with every config problem turned into exit 2."""
   if argv[1:] == ['list']:
     print(reference.jobs_table())
+    sys.exit(0)
+  if argv[1:] == ['reference']:
+    print(reference.reference(_command_line(), _exit_codes()), end='')
     sys.exit(0)
   try:
     config = _load_config_file(_config_arg(argv[1:]))
