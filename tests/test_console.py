@@ -31,6 +31,10 @@ def test_the_rate_and_eta_leave_out_the_first_update(monkeypatch):
     clock[0] += 8
     bar.update(loss=0.5)  # 5 steps in 10 s: slower than a step a second
     assert ' 2 s/step ETA 8s' in bar.line(), bar.line()
+    clock[0] += 2
+    bar.update()  # a step without values keeps the last ones shown
+    assert bar.line().endswith(' 7/10 42.0s 2 s/step ETA 6s loss=0.5'), (
+        bar.line())
 
 
 def test_plain_lines_come_at_the_time_cadence_and_at_the_end(monkeypatch):

@@ -82,8 +82,9 @@ class Progress:
     self.stream.flush()
 
   def update(self, n: int = 1, **values: float) -> None:
+    """`n` more done; `values` shown from now on (none: the last ones)."""
     self.done += n
-    self.values = values
+    self.values = values or self.values
     now = time.perf_counter()
     if self._first is None:
       self._first = (self.done, now)

@@ -71,6 +71,7 @@ class Tracker:
     self._pending += 1
     self._tokens += tokens
     if done % self.every and done != self.last:
+      self.bar.update()  # the step counts; its values show at the log steps
       return
     seconds = time.perf_counter() - self._clock
     values = self.writer.write(done, dict(
@@ -78,7 +79,7 @@ class Tracker:
         step_seconds=seconds / self._pending,
         compilations=metrics.compilations()))
     check_finite(values, self.max_nonfinite, done)
-    self.bar.update(self._pending, **{k: values[k] for k in shown})
+    self.bar.update(**{k: values[k] for k in shown})
     self._pending, self._tokens, self._clock = 0, 0, time.perf_counter()
 
 
