@@ -1,5 +1,5 @@
 """Blocks shared by the config files. Every field's help is in
-configs/reference.py (`--print_config`, docs/reference.md).
+configs/field_help.py (`--print_config`, docs/reference.md).
 
 Hyperparameters live in config files only; infrastructure (cluster, TPU type,
 image) lives in xpk_configs/.
@@ -13,7 +13,7 @@ import ml_collections
 
 
 def runtime(host_device_count: int = 0) -> ml_collections.ConfigDict:
-  """The runtime block (field help: configs/reference.py)."""
+  """The runtime block (field help: configs/field_help.py)."""
   return ml_collections.ConfigDict(dict(
       host_device_count=host_device_count,
       compilation_cache_dir=os.path.join(
@@ -52,7 +52,7 @@ def sharding() -> ml_collections.ConfigDict:
 
 
 def model(preset: str, checkpoint: str = '') -> ml_collections.ConfigDict:
-  """The model block (field help: configs/reference.py)."""
+  """The model block (field help: configs/field_help.py)."""
   return ml_collections.ConfigDict(dict(
       preset=preset, checkpoint=checkpoint, tokenizer='',
       param_dtype='float32', dtype='float32', scan=True,
@@ -60,7 +60,7 @@ def model(preset: str, checkpoint: str = '') -> ml_collections.ConfigDict:
 
 
 def data(name: str = 'arithmetic', **arithmetic) -> ml_collections.ConfigDict:
-  """The data block (tunix_pw/data/; field help: configs/reference.py)."""
+  """The data block (tunix_pw/data/; field help: configs/field_help.py)."""
   return ml_collections.ConfigDict(dict(
       name=name,
       data_dir=os.path.join('~', '.cache', 'tunix_pw', 'tfds'),
