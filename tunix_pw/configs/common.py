@@ -85,7 +85,8 @@ def optimizer(learning_rate: float = 1e-4, warmup_steps: int = 10,
       name='adamw', learning_rate=learning_rate, warmup_steps=warmup_steps,
       schedule=schedule, decay_steps=0, end_fraction=0.1, b1=0.9, b2=0.99,
       eps=1e-8,
-      weight_decay=0.0, clip_norm=1.0, max_nonfinite_steps=10))
+      weight_decay=0.0, clip_norm=1.0, max_nonfinite_steps=10,
+      state_dtype=''))
 
 
 def lora(rank: int = 0) -> ml_collections.ConfigDict:

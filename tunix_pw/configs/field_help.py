@@ -81,8 +81,9 @@ HELP: dict[str, str] = {
                         'init from the preset.',
     'model.tokenizer': "A directory with tokenizer.json or tokenizer.model, "
                        "or 'char'; '': the checkpoint's, else 'char'.",
-    'model.param_dtype': 'Stored parameters: float32 or bfloat16 (optimizer '
-                         'state follows).',
+    'model.param_dtype': 'Stored parameters: float32 or bfloat16 (the '
+                         'optimizer state follows unless '
+                         'optimizer.state_dtype says otherwise).',
     'model.dtype': 'Compute dtype of activations: float32 or bfloat16.',
     'model.scan': 'Run the layers as a scan over stacked parameters (one '
                   'compiled layer however deep the model); False unrolls.',
@@ -103,6 +104,9 @@ HELP: dict[str, str] = {
     'optimizer.eps': "AdamW's epsilon.",
     'optimizer.weight_decay': 'Decoupled weight decay.',
     'optimizer.clip_norm': 'Clip gradients to this global norm (0: off).',
+    'optimizer.state_dtype': "The optimizer's state and arithmetic: '' "
+                             "(the parameters' dtype) or float32 (for "
+                             'bfloat16 parameters).',
     'optimizer.max_nonfinite_steps': 'A step with a non-finite loss or '
                                      'gradient norm is skipped; this many in '
                                      'a row stop the run.',
