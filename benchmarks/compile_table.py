@@ -10,7 +10,9 @@ generations, prompts of 256 and 512 new tokens, actor + reference on half
 the chips, rollout on the other half; collocated on several slices) with
 bfloat16 compute and full remat; micro batches grow with the actor's
 devices so that each holds one sample.
-Prints a markdown table, then one JSON line. Slow (minutes per row): run by
+With each, the step's estimated time, tokens/s, MFU and its longest
+phase (`--estimate`: tunix_pw/estimate.py). Prints a markdown table, then
+one JSON line. Slow (minutes per row): run by
 hand, the output goes into benchmarks/README.md.
 
   python benchmarks/compile_table.py [--only=gemma2-2b,gemma2-9b@v5p-512]
@@ -79,7 +81,7 @@ def run(model: str, tpu: str, slices: int, backend: str) -> dict:
          '--config.model.remat=full',
          *overrides(model, chips, slices),
          f'--compile_topology={tpu}', f'--compile_num_slices={slices}',
-         f'--compile_backend={backend}',
+         f'--compile_backend={backend}', '--estimate',
          f'--workdir={workdir}'],
         cwd=ROOT, capture_output=True, text=True,
         env=dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=ROOT))
@@ -91,7 +93,14 @@ def run(model: str, tpu: str, slices: int, backend: str) -> dict:
     with open(path) as f:
       report = json.load(f)
   worst = max(report['groups'], key=lambda g: g['peak'])
-  return dict(model=model, tpu=tpu, slices=slices, backend=backend,
+  estimate = report['estimate']
+  longest = max(estimate['phases'],
+                key=lambda p: p['seconds'] * p['per_step'])
+  return dict(step_s=round(estimate['step']['seconds'], 2),
+              tokens_per_s=round(estimate['step']['tokens_per_s']),
+              mfu=round(estimate['step']['mfu'], 4),
+              longest=f'{longest["name"]} ({longest["bound"]})',
+              model=model, tpu=tpu, slices=slices, backend=backend,
               chips=report['chips'],
               peak_gib=round(report['peak_per_device'] / GIB, 2),
               hbm_gib=round(report['hbm_per_device'] / GIB, 2),
@@ -110,8 +119,9 @@ def main() -> None:
   only = [m for m in parser.parse_args().only.split(',') if m]
   rows = []
   print('| model | slices x TPU | backend | chips | peak HBM per device | '
-        'worst devices (largest phase) | fits | programs | compile s |\n'
-        '| --- | --- | --- | --- | --- | --- | --- | --- | --- |', flush=True)
+        'worst devices (largest phase) | fits | programs | compile s | '
+        'est. step s | est. tokens/s | est. MFU | longest phase (bound) |\n'
+        '|' + ' --- |' * 13, flush=True)
   for model, tpu, slices, backend in ROWS:
     if only and not {model, tpu, f'{model}@{tpu}', backend} & set(only):
       continue
@@ -121,7 +131,9 @@ def main() -> None:
           f'{row["peak_gib"]} of {row["hbm_gib"]} GiB | '
           f'{"+".join(row["roles"])} ({row["largest_phase"]}) | '
           f'{"yes" if row["fits"] else "no"} | {row["programs"]} | '
-          f'{row["compile_s"]} |', flush=True)
+          f'{row["compile_s"]} | {row["step_s"]} | '
+          f'{row["tokens_per_s"]:,} | {row["mfu"]:.1%} | {row["longest"]} |',
+          flush=True)
   print(json.dumps(dict(benchmark='compile_table', rows=rows)))
 
 

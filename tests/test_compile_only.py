@@ -36,8 +36,8 @@ GEMMA3_1B_PARAMS = 999_885_952  # embedding 262144 x 1152 included
 
 
 def test_grpo_gemma3_1b_fits_a_v5e_16(tmp_path):
-  result = helpers.run_main(*GRPO_GEMMA3_1B, f'--workdir={tmp_path}',
-                            timeout=600)
+  result = helpers.run_main(*GRPO_GEMMA3_1B, '--estimate',
+                            f'--workdir={tmp_path}', timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   report = json.loads((tmp_path / 'compile_report.json').read_text())
   assert (report['devices'], report['chips'], report['hbm_per_device']) == (
@@ -73,6 +73,28 @@ def test_grpo_gemma3_1b_fits_a_v5e_16(tmp_path):
   # the single KV head's projections are whole on every device.
   assert 2 * share < rollout['resident']['rollout copy'] <= 1.05 * 2 * share
   assert actor['resident']['optimizer'] >= 2 * share  # adam's two moments
+  # The step's estimate: each phase as often as a step runs it (64
+  # samples: one update, 16 reference passes of 4), evaluation outside it.
+  phases = {p['name']: p for p in report['estimate']['phases']}
+  calls = {k: p['per_step'] for k, p in phases.items()}
+  assert calls == {'train step': 1, 'rollout prefill': 1, 'rollout decode': 1,
+                   'evaluation prefill': 0, 'evaluation decode': 0,
+                   'reference logps': 16, 'weight sync in': 1,
+                   'reference copy in': 0,
+                   'log-probabilities to actor in': 1}
+  # The train step's matrix work per device: 6 x parameters x tokens over
+  # the 8 actor devices, and attention's (measured: 1.13 times that).
+  tokens = 64 * 256
+  assert (6 * GEMMA3_1B_PARAMS * tokens / 8 <= phases['train step']['flops']
+          <= 1.3 * 6 * GEMMA3_1B_PARAMS * tokens / 8)
+  # A decode step reads the rollout copy of the weights: 128 of them.
+  decode = phases['rollout decode']
+  assert decode['hbm_bytes'] >= 128 * rollout['resident']['rollout copy'] / 2
+  step = report['estimate']['step']
+  assert step['seconds'] == pytest.approx(sum(
+      p['seconds'] * p['per_step'] for p in phases.values()))
+  assert 0 < step['mfu'] < 1
+  assert 'estimated step' in result.stdout and 'MFU' in result.stdout
   assert actor['peak'] == sum(actor['resident'].values()) + max(
       actor['phases'].values())
   assert 'peak' in result.stdout and 'fits' in result.stdout

@@ -19,7 +19,7 @@ LAYERS = [
     ('runtime',),
     ('models',),
     ('sampling', 'data'),
-    ('train',),
+    ('train', 'estimate'),
     ('rl',),
     ('agents', 'compile_only'),
     ('jobs', 'configs'),

@@ -24,7 +24,7 @@ from typing import Any
 
 import jax
 
-from tunix_pw import workdir as workdir_lib
+from tunix_pw import estimate, workdir as workdir_lib
 from tunix_pw.errors import UsageError
 from tunix_pw.runtime import backend, meshes as meshes_lib, topology
 from tunix_pw.train import plans
@@ -38,15 +38,18 @@ class _Measured:
   seconds: float
   programs: int
   note: str
+  rows: list[Any] = dataclasses.field(default_factory=list)  # estimates
 
 
 _OUT_OF_HBM = re.compile(r'temporaries \(([\d.]+)([KMGT]?)\) exceeds')
 
 
-def _measure(phase: plans.Phase) -> _Measured:
-  """Compiles the phase and sizes it. A program whose temporaries alone
-  exceed the HBM fails to compile; the compiler's figure is then the
-  phase's (a lower bound: arguments not counted)."""
+def _measure(phase: plans.Phase, roofline: estimate.Roofline | None = None,
+             devices: int = 0) -> _Measured:
+  """Compiles the phase and sizes it (and with `roofline`, estimates its
+  time on `devices`). A program whose temporaries alone exceed the HBM
+  fails to compile; the compiler's figure is then the phase's (a lower
+  bound: arguments not counted)."""
   start = time.perf_counter()
   note = phase.note()
   try:
@@ -69,7 +72,9 @@ def _measure(phase: plans.Phase) -> _Measured:
     biggest, temp = max(biggest, size), max(temp, m.temp_size_in_bytes)
   transient = max(phase.held + phase.inflight * biggest - phase.resident_args,
                   0)
-  return _Measured(phase, transient, temp, seconds, len(programs), note)
+  return _Measured(phase, transient, temp, seconds, len(programs), note,
+                   estimate.rows(phase, programs, roofline, devices)
+                   if roofline and programs else [])
 
 
 
@@ -131,12 +136,14 @@ def _device_groups(meshes: Any, plan: Any, measured: list[Any],
 
 
 def check(config: Any, job: Any, tpu_type: str, num_slices: int,
-          workdir: str | None, backend_name: str = backend.PATHWAYS) -> None:
+          workdir: str | None, backend_name: str = backend.PATHWAYS,
+          with_estimate: bool = False) -> None:
   """Compiles `job`'s programs for the slice as a job on `backend_name`
   (Pathways or multi-controller: the weight sync's programs differ) would
-  run them, prints the per-device report and writes it as JSON into
-  `workdir` (when given). Raises UsageError with the numbers when a device
-  would need more than its HBM."""
+  run them, prints the per-device report (`with_estimate`: and the step's
+  estimated time, `estimate.py`) and writes it as JSON into `workdir`
+  (when given). Raises UsageError with the numbers when a device would
+  need more than its HBM."""
   if not hasattr(job, 'compile_plan'):
     raise UsageError(f'--compile_topology: the {config.job} job has no '
                      'compile plan; compile-only checks cover the sft, dpo, '
@@ -154,10 +161,12 @@ def check(config: Any, job: Any, tpu_type: str, num_slices: int,
   print(f'{runtime.describe()}; meshes: {meshes.describe()}', flush=True)
 
   plan = job.compile_plan(config, meshes)
+  roofline = estimate.Roofline.of(tpu) if with_estimate else None
   measured = []
   for phase in plan.all_phases(runtime):
     print(f'compiling {phase.name} on {phase.role} ...', flush=True)
-    measured.append(_measure(phase))
+    measured.append(_measure(phase, roofline,
+                             meshes.by_role[phase.role].devices.size))
 
   rows = _device_groups(meshes, plan, measured, hbm)
   worst = max(rows, key=lambda row: row['peak'])
@@ -172,6 +181,11 @@ def check(config: Any, job: Any, tpu_type: str, num_slices: int,
                                              seconds=m.seconds, temp=m.temp)
                           for m in measured},
                 groups=rows)
+  if roofline:
+    timed = [r for m in measured for r in m.rows]
+    total = estimate.step(timed, roofline, len(devices), plan.tokens_per_step)
+    print(estimate.report(timed, total), flush=True)
+    report['estimate'] = dict(step=total, phases=[r.to_json() for r in timed])
   if workdir:
     from etils import epath  # pylint: disable=g-import-not-at-top
     path = epath.Path(workdir)

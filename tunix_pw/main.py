@@ -72,6 +72,10 @@ _COMPILE_BACKEND = flags.DEFINE_enum(
     'The backend --compile_topology compiles for: one Pathways controller, '
     "or one process per host (XPK's mcjax), whose weight sync between "
     'processes runs other programs.')
+_ESTIMATE = flags.DEFINE_bool(
+    'estimate', False, 'With --compile_topology: also estimate the step\'s '
+    'time, phase by phase, from the compiled programs and the chip\'s '
+    'published figures (tokens/s, MFU, what bounds each phase).')
 _PRINT_CONFIG = flags.DEFINE_bool(
     'print_config', False, 'Print the resolved config, overrides included, '
     'each field with its help, and exit.')
@@ -82,7 +86,7 @@ _CHECK_ONLY = flags.DEFINE_bool(
     'nothing compiled.')
 
 _FLAGS = (CONFIG, WORKDIR, _PRINT_CONFIG, _CHECK_ONLY, _COMPILE_TOPOLOGY,
-          _COMPILE_NUM_SLICES, _COMPILE_BACKEND, _COORDINATOR,
+          _COMPILE_NUM_SLICES, _COMPILE_BACKEND, _ESTIMATE, _COORDINATOR,
           _NUM_PROCESSES, _PROCESS_ID)
 
 
@@ -280,7 +284,7 @@ def main(argv: Sequence[str]) -> None:
           return
         compile_only.check(config, job, _COMPILE_TOPOLOGY.value,
                            _COMPILE_NUM_SLICES.value, WORKDIR.value,
-                           _COMPILE_BACKEND.value)
+                           _COMPILE_BACKEND.value, _ESTIMATE.value)
       return
     job = static_checks(config)
     workdir = epath.Path(WORKDIR.value or '.')

@@ -174,8 +174,8 @@ def evaluation_phases(config: Any, rollout_model: Any,
   greedy = SamplingConfig(max_new_tokens=rl.max_new_tokens, greedy=True)
   return [plans.generation_phase(
       name, 'rollout', rollout_model, rollout_mesh, config.sharding,
-      config.eval_batch_size, rl.max_prompt_length, sampling, rl.decode_chunk)
-          for name, sampling in [('evaluation', greedy)] + (
+      config.eval_batch_size, rl.max_prompt_length, sampling, rl.decode_chunk,
+      per_step=0) for name, sampling in [('evaluation', greedy)] + (
               [('sampled evaluation', dataclasses.replace(
                   phases.sampling(rl, config.seed),
                   temperature=config.eval_temperature))]
@@ -197,7 +197,8 @@ def scorer_phases(config: Any, meshes: meshes_lib.RoleMeshes,
                         phases.SEQUENCES)
     out.append(plans.Phase(
         'reward model', 'rollout', lambda: [score.lower(state, rows).compile()],
-        resident_args=plans.per_device(state), bounded=True))
+        resident_args=plans.per_device(state), bounded=True,
+        per_step=logps_calls(config)))
   if rl.judge:
     out.append(plans.generation_phase(
         'judge', 'rollout', plans.abstract_frozen(
@@ -207,6 +208,13 @@ def scorer_phases(config: Any, meshes: meshes_lib.RoleMeshes,
   for phase in out:
     resident.setdefault('rollout', {})[phase.name] = phase.resident_args
   return out
+
+
+def logps_calls(config: Any) -> float:
+  """Calls per step of a program scoring a step's samples
+  `logps_micro_batch_size` at a time."""
+  rl = config.rl
+  return rl.prompts_per_step * rl.num_generations / rl.logps_micro_batch_size
 
 
 def teacher_phase(config: Any, meshes: meshes_lib.RoleMeshes,

@@ -342,4 +342,11 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes,
   elif 'ref_logps' in programs.needed:
     plans.reference_phase(config, meshes, full_state, lower_logps, out)
   out.transfers.append(plan_lib.to_actor_transfer(config, meshes, programs))
+  calls = dict.fromkeys(('old logps', 'reference logps', 'teacher logps'),
+                        plan_lib.logps_calls(config))
+  calls['train step'] = plan_lib.total_updates(config) / config.steps
+  out.phases = [dataclasses.replace(p, per_step=calls.get(p.name, p.per_step))
+                for p in out.phases]
+  out.tokens_per_step = rl.prompts_per_step * rl.num_generations * (
+      rl.max_prompt_length + rl.max_new_tokens)
   return out

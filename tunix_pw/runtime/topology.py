@@ -21,18 +21,26 @@ GIB = 1 << 30
 
 @dataclasses.dataclass(frozen=True)
 class Generation:
+  """A TPU generation, with its published per-chip figures
+  (cloud.google.com/tpu/docs/v4, v5e, v5p, v6e)."""
   jax_name: str  # the prefix of jax's topology names
   cores_per_chip: int  # in the size of XPK's name
   hbm_gib: int  # per chip
   dims: int  # 3: twisted-torus cubes (v4, v5p); 2: v5e / v6e grids
   max_chips: int  # in one slice
+  peak_tflops: float  # bfloat16
+  hbm_gbps: float  # HBM bandwidth, GB/s
+  # GB/s a chip sends in an all-reduce over the whole torus: half its
+  # bidirectional ICI bandwidth (v4: the pod's all-reduce bandwidth over
+  # its 4,096 chips).
+  ici_gbps: float
 
 
 GENERATIONS = {
-    'v4': Generation('v4', 2, 32, 3, 4096),
-    'v5p': Generation('v5p', 2, 95, 3, 4096),
-    'v5litepod': Generation('v5e', 1, 16, 2, 256),
-    'v6e': Generation('v6e', 1, 32, 2, 256),
+    'v4': Generation('v4', 2, 32, 3, 4096, 275, 1200, 1.1e6 / 4096),
+    'v5p': Generation('v5p', 2, 95, 3, 4096, 459, 2765, 1200 / 2),
+    'v5litepod': Generation('v5e', 1, 16, 2, 256, 197, 819, 400 / 2),
+    'v6e': Generation('v6e', 1, 32, 2, 256, 918, 1638, 800 / 2),
 }
 _NAME = re.compile(r'^([a-z0-9]+)-(\d+)$')
 
@@ -51,6 +59,11 @@ class TpuType:
   @property
   def topology(self) -> str:
     """jax's topology name: 'v5p:4x4x4' for v5p-128."""
+    return f'{self.generation.jax_name}:{"x".join(map(str, self.shape))}'
+
+  @property
+  def shape(self) -> list[int]:
+    """Chips along each axis of the slice's torus (or grid)."""
     exponent = self.chips.bit_length() - 1
     dims = [1] * self.generation.dims
     for _ in range(exponent):  # each doubling goes to the smallest axis
@@ -59,7 +72,7 @@ class TpuType:
       dims[last] *= 2
     if self.generation.dims == 3 and self.chips == 4:
       dims = [2, 2, 1]  # the one cube smaller than a host's 2x2x2
-    return f'{self.generation.jax_name}:{"x".join(map(str, dims))}'
+    return dims
 
 
 def parse(name: str, field: str = 'tpu_type') -> TpuType:

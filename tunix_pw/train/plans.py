@@ -35,6 +35,12 @@ class Phase:
     them; the run may also compile them at smaller ones that follow its
     data (a generation's prompt bucket, an agent's batch of turns, a last
     chunk of rows), each needing less memory.
+  per_step: times the phase runs in a training step (0: not in one: an
+    evaluation, a copy made once), for step-time estimates.
+  timed: how many of its programs (the first) run each time (None: all;
+    a train step's finite check and random init run seldom).
+  decode_steps: the most times its programs' loops without a trip count
+    run (a generation's decode loop: its new tokens).
   """
 
   name: str
@@ -45,6 +51,9 @@ class Phase:
   inflight: int = 1
   note: Callable[[], str] = lambda: ''
   bounded: bool = False
+  per_step: float = 1.0
+  timed: int | None = None
+  decode_steps: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +70,7 @@ class Transfer:
   # The destination holds the incoming copy beside the one it replaces (a
   # weight sync: the engine serves the old weights until the new land).
   held: bool = False
+  per_step: float = 1.0  # 0: made once (the reference's copy)
 
 
 @dataclasses.dataclass
@@ -68,6 +78,7 @@ class Plan:
   resident: dict[str, dict[str, int]]  # role -> item -> bytes per device
   phases: list[Phase]
   transfers: list[Transfer] = dataclasses.field(default_factory=list)
+  tokens_per_step: int = 0  # trained on (for step-time estimates)
 
   def all_phases(self, runtime: backend.Runtime) -> list[Phase]:
     """The phases, then each transfer's programs as the backend's rung
@@ -91,9 +102,11 @@ def transfer_phases(transfer: Transfer,
   source, target = transfer.roles
   return [Phase(f'{transfer.name} in', target, programs('target'),
                 held=per_device(transfer.targets) if transfer.held else 0,
-                inflight=transfer.budget.max_inflight),
+                inflight=transfer.budget.max_inflight,
+                per_step=transfer.per_step),
           Phase(f'{transfer.name} out', source, programs('source'),
-                inflight=transfer.budget.max_inflight)]
+                inflight=transfer.budget.max_inflight,
+                per_step=transfer.per_step)]
 
 
 def per_device(tree: Any) -> int:
@@ -172,7 +185,7 @@ def train_phase(train_step: Any, state: Any, frozen: Any,
       train_step.func.lower(state, batch, frozen=frozen).compile(),
       loop.all_finite.lower(state.params).compile()] + (
           [init.lower().compile()] if init else []),
-               resident_args=per_device((state, frozen)))
+               resident_args=per_device((state, frozen)), timed=1)
 
 
 def logps_phase(name: str, meshes: Any, mesh: Any, full_state: nnx.State,
@@ -208,12 +221,14 @@ def reference_phase(config: Any, meshes: Any, full_state: nnx.State,
     plan.transfers.append(Transfer(
         'reference copy', full_state,
         on_mesh(full_state, mesh, config.sharding),
-        reshard.Budget.from_block(config.runtime), ('actor', phase.role)))
+        reshard.Budget.from_block(config.runtime), ('actor', phase.role),
+        per_step=0))
 
 
 def generation_phase(name: str, role: str, model: nnx.Module, mesh: Any,
                      rules: Any, batch: int, prompt_length: int,
-                     sampling: Any, decode_chunk: int = 0) -> Phase:
+                     sampling: Any, decode_chunk: int = 0,
+                     per_step: float = 1.0) -> Phase:
   """What a Sampler of `model` on `mesh` compiles to generate for `batch`
   prompts of up to `prompt_length` tokens (`Sampler.programs`), with its
   KV cache in the note."""
@@ -223,7 +238,8 @@ def generation_phase(name: str, role: str, model: nnx.Module, mesh: Any,
                lambda: engine.programs(batch, prompt_length, sampling),
                resident_args=per_device(nnx.state(model)),
                note=lambda: 'KV cache ' + size(engine.cache_bytes(
-                   batch, prompt_length, sampling)), bounded=True)
+                   batch, prompt_length, sampling)), bounded=True,
+               per_step=per_step, decode_steps=sampling.max_new_tokens)
 
 
 def actor_resident(state: Any, frozen: Any) -> dict[str, int]:

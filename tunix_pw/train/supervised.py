@@ -95,10 +95,11 @@ def evaluation_plan(config: Any, policy: program.Program, out: plans.Plan,
   out.phases.append(plans.generation_phase(
       'evaluation', 'actor', policy.model(), policy.mesh, config.sharding,
       batch, prompts, SamplingConfig(config.eval_max_new_tokens,
-                                     greedy=True)))
+                                     greedy=True), per_step=0))
   out.transfers.append(plans.Transfer(
       'evaluation weights', policy.params, policy.params,
-      reshard.Budget.from_block(config.runtime), ('actor', 'actor')))
+      reshard.Budget.from_block(config.runtime), ('actor', 'actor'),
+      per_step=0))
   return out
 
 
