@@ -33,3 +33,32 @@ def test_an_unknown_verifier_exits_2(tmp_path):
   assert helpers.error_lines(result.stderr) == [
       "error: --config.verifier='vibes' is not a verifier; use one of "
       'exact_answer, math_equal, exact.']
+
+
+def test_pass_at_k_of_a_trained_model(trained_sft, tmp_path):
+  """pass@4 and maj@4 from 8 samples a problem at temperature 1, beside
+  greedy accuracy, of the adder SFT trained to 90% (conftest)."""
+  _, workdir = trained_sft
+  result = helpers.run_main(
+      '--config=tunix_pw/configs/eval.py:runlocal',
+      f'--config.model.checkpoint={workdir}', '--config.examples=100',
+      '--config.k=4', '--config.n=8', f'--workdir={tmp_path}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  written = json.loads((tmp_path / 'eval.json').read_text())
+  assert written['accuracy'] >= 0.8, written
+  # The majority of 4 is right only where some sample is: maj@4 <= pass@4;
+  # a model right 80% of the time greedily is right at least once in 4.
+  assert 0.5 < written['maj@4'] <= written['pass@4'] <= 1, written
+  assert 'pass@4' in result.stdout
+
+
+@pytest.mark.parametrize('flags, says', [
+    (['--config.k=1'], '--config.k=1 must be 0 (greedy only) or at least 2'),
+    (['--config.k=4', '--config.n=2'],
+     '--config.n=2 must be at least --config.k=4'),
+])
+def test_pass_at_k_settings_are_checked(tmp_path, flags, says):
+  result = helpers.run_main('--config=tunix_pw/configs/eval.py:runlocal',
+                            *flags, f'--workdir={tmp_path}')
+  assert result.returncode == 2
+  assert says in result.stderr

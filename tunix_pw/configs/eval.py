@@ -5,7 +5,8 @@ on a held-out split.
       --config.model.checkpoint=/tmp/sft --workdir=/tmp/eval
   python -m tunix_pw.main --config=tunix_pw/configs/eval.py:gemma2-2b \
       --config.model.checkpoint=/ckpt/gemma-2-2b-it --config.data.name=gsm8k \
-      --config.data.manual_dir=/data/gsm8k --workdir=/tmp/eval
+      --config.data.manual_dir=/data/gsm8k --config.k=4 --config.n=8 \
+      --workdir=/tmp/eval
 
 arg: a model preset, or 'runlocal'. The checkpoint may be a tunix_pw
 workdir (its latest checkpoint), a Hugging Face or a Kaggle checkpoint.
@@ -32,6 +33,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.examples = 500
   c.batch_size = 100 if local else 32
   c.max_new_tokens = 8 if local else 256
+  c.k = 0  # pass@k and maj@k (0: greedy only)
+  c.n = 0  # samples per problem for pass@k, at least k (0: k)
+  c.temperature = 1.0  # of the pass@k samples
   c.runtime = common.runtime(host_device_count=8 if local else 0)
   c.meshes = common.meshes('collocated', rollout=('fsdp=1,tp=-1', 'all'))
   c.sharding = common.sharding()

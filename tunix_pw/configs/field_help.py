@@ -55,6 +55,11 @@ HELP: dict[str, str] = {
             "loss (the reference completions' NLL).",
     'verifier': "exact_match's judge: exact_answer, math_equal or exact.",
     'examples': 'Problems evaluated.',
+    'k': 'pass@k and maj@k at this k beside greedy accuracy (0: greedy '
+         'only).',
+    'n': 'Samples per problem for pass@k (unbiased estimator), at least k; '
+         '0: k.',
+    'eval:temperature': 'Sampling temperature of the pass@k samples.',
     'max_new_tokens': 'Tokens a completion may take.',
     'prompt': 'One prompt to sample.',
     'prompts_file': 'Prompts to sample: one per line, or JSONL with '

@@ -1,6 +1,7 @@
 """Eval: a model (trained workdir, Hugging Face or Kaggle checkpoint) on a
-held-out split: greedy exact match against the reference answers, or the
-token loss of the reference completions."""
+held-out split: greedy exact match against the reference answers (with
+pass@k and maj@k of sampled answers when --config.k), or the token loss of
+the reference completions."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tunix_pw.rl import rewards
 from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.fetch import fetch
 from tunix_pw.runtime.preemption import Preemption
+from tunix_pw.sampling.rollout import SamplingConfig
 from tunix_pw.sampling.sampler import make_sampler
 from tunix_pw.train import evaluate, setup
 from tunix_pw.train.step import token_nll
@@ -32,6 +34,7 @@ def validate(config: Any) -> None:
     raise UsageError(f'--config.mode={config.mode!r} is unknown; use one of '
                      f'{", ".join(MODES)}.')
   rewards.verifier(config.verifier, field='--config.verifier')
+  evaluate.check_sampled(config.k, config.n, '--config.')
   if config.examples < 1 or config.batch_size < 1:
     raise UsageError('--config.examples and --config.batch_size must be at '
                      'least 1.')
@@ -79,10 +82,15 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
                                      config.examples, config.data.chat)
     sampler = make_sampler(model, tokenizer, mesh=mesh, rules=config.sharding,
                            runtime=runtime)
+    verifier = rewards.verifier(config.verifier, field='--config.verifier')
     result = evaluate.exact_match(sampler, tokenizer, prompts, answers,
                                   config.max_new_tokens, config.batch_size,
-                                  rewards.verifier(config.verifier,
-                                                   field='--config.verifier'))
+                                  verifier)
+    if config.k:
+      result.update(evaluate.sampled(
+          sampler, tokenizer, prompts, answers, config.k, config.n or config.k,
+          SamplingConfig(config.max_new_tokens, config.temperature,
+                         seed=config.seed), config.batch_size, verifier))
   if runtime.is_coordinator:
     (epath.Path(workdir) / workdir_lib.EVAL).write_text(json.dumps(result))
     print(f'eval: {spec.name}/{config.split} {config.mode}: ' + ', '.join(

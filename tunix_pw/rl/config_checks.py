@@ -11,7 +11,7 @@ from tunix_pw.models import checkpoints
 from tunix_pw.rl import asynchronous, functions, phases, prompts as prompts_lib
 from tunix_pw.rl import rewards
 from tunix_pw.runtime import meshes as meshes_lib
-from tunix_pw.train import optim, setup
+from tunix_pw.train import evaluate, optim, setup
 
 
 def validate(config: Any) -> None:
@@ -72,12 +72,7 @@ def validate(config: Any) -> None:
 
 def check_evaluation(config: Any) -> None:
   """pass@k's samples and the held-out verifier."""
-  if config.eval_k < 0 or config.eval_k == 1:
-    raise UsageError(f'--config.eval_k={config.eval_k} must be 0 (greedy '
-                     'only) or at least 2 samples per problem.')
-  if config.eval_n and config.eval_n < config.eval_k:
-    raise UsageError(f'--config.eval_n={config.eval_n} must be at least '
-                     f'--config.eval_k={config.eval_k} (or 0: eval_k).')
+  evaluate.check_sampled(config.eval_k, config.eval_n)
   rewards.verifier(config.eval_verifier, config.rl.rewards)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from tunix_pw.errors import UsageError
 from tunix_pw.models.tokenizers import Tokenizer
 from tunix_pw.runtime.fetch import fetch
 from tunix_pw.sampling.rollout import RolloutEngine, SamplingConfig
@@ -113,6 +114,17 @@ def maj_at_k(samples: Sequence[Sequence[str]], answers: Sequence[str],
       winner = next(t for v, t in votes if v is not None and counts[v] == top)
       right += verifier.right(winner, answer)
   return right / max(len(answers), 1)
+
+
+def check_sampled(k: int, n: int, prefix: str = '--config.eval_') -> None:
+  """pass@k's k (0: off, else at least 2) and samples n (0: k, else at
+  least k)."""
+  if k < 0 or k == 1:
+    raise UsageError(f'{prefix}k={k} must be 0 (greedy only) or at least 2 '
+                     'samples per problem.')
+  if n and n < k:
+    raise UsageError(f'{prefix}n={n} must be at least {prefix}k={k} (or 0: '
+                     'k).')
 
 
 def sampled(engine: RolloutEngine, tokenizer: Tokenizer,
