@@ -157,3 +157,37 @@ def test_a_tpu_train_step_counts_what_xla_counts_unrolled():
   assert costs[1].flops < xla[1]
   assert xla[0] < xla[1] / 2  # XLA: one repeat of the scan
   assert costs[1].hbm_bytes < costs[0].hbm_bytes < 2 * costs[1].hbm_bytes
+
+
+UNROLLED_BY_TWO = """HloModule m
+
+%body (p: (s32[], f32[4,4])) -> (s32[], f32[4,4]) {
+  %p = (s32[], f32[4,4]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[4,4] get-tuple-element(%p), index=1
+  %two = s32[] constant(2)
+  %next = s32[] add(%i, %two)
+  %y = f32[4,4] dot(%x, %x), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %t = (s32[], f32[4,4]) tuple(%next, %y)
+}
+
+%cond (p: (s32[], f32[4,4])) -> pred[] {
+  %p = (s32[], f32[4,4]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %bound = s32[] constant(16)
+  ROOT %lt = pred[] compare(%i, %bound), direction=LT
+}
+
+ENTRY %main (x: f32[4,4]) -> (s32[], f32[4,4]) {
+  %x = f32[4,4] parameter(0)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[4,4]) tuple(%zero, %x)
+  ROOT %w = (s32[], f32[4,4]) while(%init), condition=%cond, body=%body
+}
+"""
+
+
+def test_a_counter_that_steps_by_two_runs_half_the_bound():
+  """TPU programs unroll a windowed einsum's loop by two (two shards a
+  turn, the counter stepping by 2): 8 turns to 16, not 16."""
+  assert hlo_cost.analyze(UNROLLED_BY_TWO).flops == 8 * 2 * 4 * 4 * 4

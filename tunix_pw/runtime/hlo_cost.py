@@ -235,7 +235,8 @@ class _Program:
   def _trips(self, computation: str, loop: _Instruction) -> int | None:
     """A while loop's trip count: XLA's `known_trip_count`, else read off
     a condition `counter < bound` (or <=) on a counter the loop starts
-    from a constant (as TPU compilations leave a scan)."""
+    from a constant and its body adds a constant to (as TPU compilations
+    leave a scan)."""
     known = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', loop.attrs)
     if known:
       return int(known.group(1))
@@ -258,8 +259,28 @@ class _Program:
       first = callers.get(initial.operands[index])
       if first is not None and first.op == 'constant':
         start = _constant(first)
-    trips = _constant(bound) - start + (direction.group(1) == 'LE')
+    step = self._increment(
+        re.search(r'body=%([\w.\-]+)', loop.attrs).group(1), index)
+    trips = -(-(_constant(bound) - start + (direction.group(1) == 'LE'))
+              // step)
     return trips if trips > 0 else None
+
+  def _increment(self, body: str, index: int) -> int:
+    """What a loop body adds to its counter (tuple element `index`) each
+    time: 1, or more where XLA unrolled the body (a windowed einsum
+    doing two shards a turn)."""
+    named = {i.name: i for i in self.bodies.get(body, [])}
+    root = self.bodies[body][-1] if self.bodies.get(body) else None
+    if root is None or root.op != 'tuple' or index >= len(root.operands):
+      return 1
+    update = named.get(root.operands[index])
+    if update is None or update.op != 'add':
+      return 1
+    for operand in update.operands:
+      value = named.get(operand)
+      if value is not None and value.op == 'constant':
+        return max(_constant(value), 1)
+    return 1
 
   def _moved(self, computation: str, ins: _Instruction) -> float:
     """HBM bytes an instruction outside fusions reads and writes."""
