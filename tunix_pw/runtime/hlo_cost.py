@@ -179,6 +179,8 @@ class _Program:
 
   def __init__(self, text: str):
     self.bodies, self.shapes, self.params, self.entry = _computations(text)
+    self.named = {name: {i.name: i for i in body}
+                  for name, body in self.bodies.items()}
     self._memo: dict[tuple[str, bool], Cost] = {}
     self._reads: dict[str, Any] = {}
 
@@ -225,7 +227,7 @@ class _Program:
         cost.add(self.cost(name, fused or ins.op == 'fusion'))
     kind = ins.op.removesuffix('-start')
     if kind in COLLECTIVES:
-      size = (shape_bytes(operand(0)) if kind in ('reduce-scatter',)
+      size = (shape_bytes(operand(0)) if kind == 'reduce-scatter'
               else _output_bytes(ins))
       cost.collectives[Collective(kind, size, _group_size(ins.attrs))] += 1
     if not fused and ins.op not in _FREE:
@@ -241,8 +243,8 @@ class _Program:
     if known:
       return int(known.group(1))
     condition = re.search(r'condition=%([\w.\-]+)', loop.attrs).group(1)
-    body = {i.name: i for i in self.bodies.get(condition, [])}
-    root = self.bodies[condition][-1] if self.bodies.get(condition) else None
+    body = self.named.get(condition, {})
+    root = self.bodies[condition][-1] if body else None
     direction = re.search(r'direction=(LT|LE)', root.attrs) if (
         root is not None and root.op == 'compare') else None
     if not direction:
@@ -253,7 +255,7 @@ class _Program:
       return None
     index = int(re.search(r'index=(\d+)', counter.attrs).group(1))
     start = 0
-    callers = {i.name: i for i in self.bodies[computation]}
+    callers = self.named[computation]
     initial = callers.get(loop.operands[0]) if loop.operands else None
     if initial is not None and initial.op == 'tuple':
       first = callers.get(initial.operands[index])
@@ -269,8 +271,8 @@ class _Program:
     """What a loop body adds to its counter (tuple element `index`) each
     time: 1, or more where XLA unrolled the body (a windowed einsum
     doing two shards a turn)."""
-    named = {i.name: i for i in self.bodies.get(body, [])}
-    root = self.bodies[body][-1] if self.bodies.get(body) else None
+    named = self.named.get(body, {})
+    root = self.bodies[body][-1] if named else None
     if root is None or root.op != 'tuple' or index >= len(root.operands):
       return 1
     update = named.get(root.operands[index])
@@ -314,7 +316,7 @@ class _Program:
     for ins in body:
       for o in ins.operands:
         users[o].append(ins)
-    named = {ins.name: ins for ins in body}
+    named = self.named[name]
     root = body[-1]
     outputs = ([named[o] for o in root.operands] if root.op == 'tuple'
                else [root])
