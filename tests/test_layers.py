@@ -21,7 +21,7 @@ LAYERS = [
     ('sampling', 'data'),
     ('train', 'estimate'),
     ('rl',),
-    ('agents', 'compile_only'),
+    ('agents', 'compile_only', 'planner'),
     ('jobs', 'configs'),
     ('main',),
 ]

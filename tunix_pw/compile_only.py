@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 import dataclasses
-import json
 import re
 import time
 from typing import Any
@@ -135,15 +134,13 @@ def _device_groups(meshes: Any, plan: Any, measured: list[Any],
   return rows
 
 
-def check(config: Any, job: Any, tpu_type: str, num_slices: int,
-          workdir: str | None, backend_name: str = backend.PATHWAYS,
-          with_estimate: bool = False) -> None:
+def report(config: Any, job: Any, tpu_type: str, num_slices: int,
+           backend_name: str = backend.PATHWAYS,
+           with_estimate: bool = False) -> dict[str, Any]:
   """Compiles `job`'s programs for the slice as a job on `backend_name`
   (Pathways or multi-controller: the weight sync's programs differ) would
   run them, prints the per-device report (`with_estimate`: and the step's
-  estimated time, `estimate.py`) and writes it as JSON into `workdir`
-  (when given). Raises UsageError with the numbers when a device would
-  need more than its HBM."""
+  estimated time, `estimate.py`) and returns it."""
   if not hasattr(job, 'compile_plan'):
     raise UsageError(f'--compile_topology: the {config.job} job has no '
                      'compile plan; compile-only checks cover the sft, dpo, '
@@ -172,33 +169,42 @@ def check(config: Any, job: Any, tpu_type: str, num_slices: int,
   worst = max(rows, key=lambda row: row['peak'])
   seconds = sum(m.seconds for m in measured)
   fits = worst['peak'] <= hbm
-  report = dict(job=config.job, model=config.model.preset,
-                backend=backend_name, tpu_type=tpu.name, num_slices=num_slices,
-                chips=tpu.chips * num_slices, devices=len(devices),
-                hbm_per_device=hbm, peak_per_device=worst['peak'],
-                fits=fits, compile_seconds=seconds,
-                programs={m.phase.name: dict(count=m.programs,
-                                             seconds=m.seconds, temp=m.temp)
-                          for m in measured},
-                groups=rows)
+  out = dict(job=config.job, model=config.model.preset,
+             backend=backend_name, tpu_type=tpu.name, num_slices=num_slices,
+             chips=tpu.chips * num_slices, devices=len(devices),
+             hbm_per_device=hbm, peak_per_device=worst['peak'],
+             fits=fits, compile_seconds=seconds,
+             programs={m.phase.name: dict(count=m.programs,
+                                          seconds=m.seconds, temp=m.temp)
+                       for m in measured},
+             groups=rows)
   if roofline:
     timed = [r for m in measured for r in m.rows]
     total = estimate.step(timed, roofline, len(devices), plan.tokens_per_step)
     print(estimate.report(timed, total), flush=True)
-    report['estimate'] = dict(step=total, phases=[r.to_json() for r in timed])
-  if workdir:
-    from etils import epath  # pylint: disable=g-import-not-at-top
-    path = epath.Path(workdir)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / workdir_lib.COMPILE_REPORT).write_text(
-        json.dumps(report, indent=1))
+    out['estimate'] = dict(step=total, phases=[r.to_json() for r in timed])
   print(f'compiled {sum(m.programs for m in measured)} programs in '
         f'{seconds:.1f} s; peak {size(worst["peak"])} per device of '
         f'{size(hbm)}: {"fits" if fits else "DOES NOT FIT"}', flush=True)
-  if not fits:
+  return out
+
+
+def check(config: Any, job: Any, tpu_type: str, num_slices: int,
+          workdir: str | None, backend_name: str = backend.PATHWAYS,
+          with_estimate: bool = False) -> None:
+  """`report`, written as JSON into `workdir` (when given). Raises
+  UsageError with the numbers when a device would need more than its
+  HBM."""
+  out = report(config, job, tpu_type, num_slices, backend_name,
+               with_estimate)
+  if workdir:
+    workdir_lib.write_json(workdir, workdir_lib.COMPILE_REPORT, out)
+  if not out['fits']:
+    worst = max(out['groups'], key=lambda row: row['peak'])
     raise UsageError(
-        f'the {config.job} job does not fit {num_slices} x {tpu.name}: '
-        f'devices {_span(worst["devices"])} ({", ".join(worst["roles"])}) '
-        f'need {size(worst["peak"])} of {size(hbm)} HBM, the largest '
-        f'phase being {worst["largest_phase"]}; use more chips, smaller '
-        'micro batches, remat or bfloat16.')
+        f'the {config.job} job does not fit {num_slices} x '
+        f'{out["tpu_type"]}: devices {_span(worst["devices"])} '
+        f'({", ".join(worst["roles"])}) need {size(worst["peak"])} of '
+        f'{size(out["hbm_per_device"])} HBM, the largest phase being '
+        f'{worst["largest_phase"]}; use more chips, smaller micro batches, '
+        'remat or bfloat16.')

@@ -4,6 +4,8 @@ r"""Entry point of every tunix_pw job.
       [--config.a.b=value ...] --workdir=DIR
   python -m tunix_pw.main --config=... --compile_topology=v5p-512 \
       [--compile_num_slices=N]   # does the job fit? (no TPU needed)
+  python -m tunix_pw.main --config=... --compile_topology=v5p-2048 \
+      --plan_layout   # the fastest layouts that fit, ranked
   python -m tunix_pw.main --config=... --print_config  # fields, with help
   python -m tunix_pw.main list   # the jobs' config files and arguments
   python -m tunix_pw.main reference > docs/reference.md
@@ -38,7 +40,7 @@ import jax
 import ml_collections
 from ml_collections import config_flags
 
-from tunix_pw import checks, compile_only, console, jobs
+from tunix_pw import checks, compile_only, console, jobs, planner
 from tunix_pw.configs import reference
 from tunix_pw import workdir as workdir_lib
 from tunix_pw.errors import InfrastructureError, UsageError, disk_full
@@ -76,6 +78,15 @@ _ESTIMATE = flags.DEFINE_bool(
     'estimate', False, 'With --compile_topology: also estimate the step\'s '
     'time, phase by phase, from the compiled programs and the chip\'s '
     'published figures (tokens/s, MFU, what bounds each phase).')
+_PLAN_LAYOUT = flags.DEFINE_bool(
+    'plan_layout', False, 'With --compile_topology, for an RL job: size '
+    'every layout (rollout share of the chips or collocated, rollout tp, '
+    'FSDP width, micro batch, remat) from shapes, compile the '
+    '--plan_compile fastest that may fit, and print those that fit, ranked '
+    'by estimated step time, with the overrides that select each.')
+_PLAN_COMPILE = flags.DEFINE_integer(
+    'plan_compile', 5, 'Layouts --plan_layout compiles (minutes each for a '
+    'large model).')
 _PRINT_CONFIG = flags.DEFINE_bool(
     'print_config', False, 'Print the resolved config, overrides included, '
     'each field with its help, and exit.')
@@ -86,7 +97,8 @@ _CHECK_ONLY = flags.DEFINE_bool(
     'nothing compiled.')
 
 _FLAGS = (CONFIG, WORKDIR, _PRINT_CONFIG, _CHECK_ONLY, _COMPILE_TOPOLOGY,
-          _COMPILE_NUM_SLICES, _COMPILE_BACKEND, _ESTIMATE, _COORDINATOR,
+          _COMPILE_NUM_SLICES, _COMPILE_BACKEND, _ESTIMATE, _PLAN_LAYOUT,
+          _PLAN_COMPILE, _COORDINATOR,
           _NUM_PROCESSES, _PROCESS_ID)
 
 
@@ -267,6 +279,10 @@ def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     _fail(f'unexpected arguments {" ".join(argv[1:])!r}; flags take the form '
           '--name=value.')
+  for flag in (_ESTIMATE, _PLAN_LAYOUT):
+    if flag.value and not _COMPILE_TOPOLOGY.value:
+      _fail(f'--{flag.name} needs --compile_topology (a TPU type to compile '
+            'for, e.g. v5p-512).')
   config = CONFIG.value
   if _PRINT_CONFIG.value:
     print(reference.print_config(config))
@@ -281,6 +297,12 @@ def main(argv: Sequence[str]) -> None:
         if _CHECK_ONLY.value:
           print(f'check_only: the {config.job} config is valid for '
                 f'{_COMPILE_TOPOLOGY.value} (not compiled).', flush=True)
+          return
+        if _PLAN_LAYOUT.value:
+          planner.plan(config, job, _COMPILE_TOPOLOGY.value,
+                       _COMPILE_NUM_SLICES.value, WORKDIR.value,
+                       _COMPILE_BACKEND.value, static_checks,
+                       _PLAN_COMPILE.value)
           return
         compile_only.check(config, job, _COMPILE_TOPOLOGY.value,
                            _COMPILE_NUM_SLICES.value, WORKDIR.value,

@@ -23,7 +23,9 @@ itself, and an append (GCS has none) uploads the object again whole.
 
 from __future__ import annotations
 
+import json
 import os
+from typing import Any
 
 from etils import epath
 
@@ -35,6 +37,7 @@ SAMPLES = 'samples.jsonl'
 PROFILE = 'profile'
 GOODPUT = 'goodput.json'
 COMPILE_REPORT = 'compile_report.json'
+LAYOUT_PLAN = 'layout_plan.json'
 PROGRESS = 'progress.png'
 EVAL = 'eval.json'
 SMOKE_SUMMARY = 'smoke_summary.json'
@@ -74,6 +77,13 @@ def write_text(name: str, text: str) -> None:
   with open(name + '.tmp', 'w') as f:
     f.write(text)
   os.replace(name + '.tmp', name)
+
+
+def write_json(workdir: str, name: str, value: Any) -> None:
+  """`value` as indented JSON into `workdir`'s file `name`, the directory
+  made when missing."""
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+  write_text(path(workdir, name), json.dumps(value, indent=1))
 
 
 def append_text(name: str, text: str) -> None:
