@@ -43,7 +43,8 @@ def sharding() -> ml_collections.ConfigDict:
   a mesh lacks (or of size 1) is dropped, so fsdp vs tp is the mesh's shape."""
   return ml_collections.ConfigDict(dict(
       batch='data,fsdp',
-      embed='fsdp',
+      length='sequence',  # activations' tokens (sequence parallelism)
+      embed='fsdp,sequence',
       mlp='tp',
       heads='tp',
       kv_heads='tp',

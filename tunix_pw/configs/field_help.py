@@ -183,6 +183,9 @@ HELP: dict[str, str] = {
     'meshes.ROLE.devices': "The role's devices: 'all', '0:4', '50%:100%', "
                            "or another role's name (the same devices).",
     'sharding.batch': 'Mesh axes the batch dimension splits over.',
+    'sharding.length': 'Mesh axes the tokens of activations split over '
+                       '(sequence parallelism: keys and values are gathered '
+                       'whole for attention).',
     'sharding.embed': 'Mesh axes the embedding dimension splits over.',
     'sharding.mlp': 'Mesh axes the MLP hidden dimension splits over.',
     'sharding.heads': 'Mesh axes attention heads split over.',

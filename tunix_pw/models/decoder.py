@@ -148,11 +148,11 @@ class Layer(nnx.Module):
     a, probs = a if collect else (a, None)
     if self.post_norms:
       a = self.post_attn_norm(a)
-    x = shard(x + a, 'batch', None, None)
+    x = shard(x + a, 'batch', 'length', None)
     m = self.mlp(self.pre_mlp_norm(x), shard)
     if self.post_norms:
       m = self.post_mlp_norm(m)
-    x = shard(x + m, 'batch', None, None)
+    x = shard(x + m, 'batch', 'length', None)
     return x, cache, (x, probs) if collect else None
 
 
@@ -213,7 +213,7 @@ class Decoder(nnx.Module):
     logits = logits.reshape(b, t, cfg.vocab_size)
     if cfg.final_softcap:
       logits = jnp.tanh(logits / cfg.final_softcap) * cfg.final_softcap
-    return shard(logits, 'batch', None, 'vocab')
+    return shard(logits, 'batch', 'length', 'vocab')
 
   def hidden(self, tokens: jax.Array, positions: jax.Array,
              segment_ids: jax.Array, cache: Cache | None = None,
@@ -262,7 +262,7 @@ class Decoder(nnx.Module):
     x = jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)
     if cfg.embed_scale:
       x = x * jnp.asarray(cfg.embed_dim ** 0.5, self.dtype)
-    x = shard(x, 'batch', None, None)
+    x = shard(x, 'batch', 'length', None)
 
     q_slots = jnp.broadcast_to(cache_slot + jnp.arange(t), (b, t))
     if cache is None:

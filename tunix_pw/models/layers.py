@@ -175,5 +175,6 @@ class MLP(nnx.Module):
     gate = x2 @ weight(self, 'gate')
     act = (jax.nn.gelu(gate, approximate=True)
            if self.activation == 'gelu_tanh' else jax.nn.silu(gate))
-    hidden = shard(act * (x2 @ weight(self, 'up')), 'batch', 'mlp')
-    return (hidden @ weight(self, 'down')).reshape(b, t, d)
+    hidden = shard((act * (x2 @ weight(self, 'up'))).reshape(b, t, -1),
+                   'batch', 'length', 'mlp')
+    return (hidden.reshape(b * t, -1) @ weight(self, 'down')).reshape(b, t, d)
