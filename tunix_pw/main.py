@@ -262,7 +262,8 @@ def _changes(before: dict[str, Any], now: dict[str, Any]):
 
 def static_checks(config: ml_collections.ConfigDict):
   job = jobs.get(config.job)
-  meshes.check(config.meshes)  # the job's (a pipeline's stages have theirs)
+  meshes.check(config.meshes, rules=config.get('sharding'))  # the job's
+  # (a pipeline's stages have theirs)
   job.validate(config)
   elastic.check(config.runtime.elastic)
   if 'steps' in config and 'profile_steps' in config.get('runtime', {}):

@@ -95,3 +95,19 @@ def test_slices_select_whole_slices_on_a_multislice_topology():
   # Slices meet over DCN on the outer axis: each row is one slice.
   rows = both['actor'].devices
   assert [{d.slice_index for d in row} for row in rows] == [{0}, {1}]
+
+
+@pytest.mark.parametrize('axes, message', [
+    ('fsdp=4,stage=2', "the mesh axis 'stage', which no --config.sharding "
+     'rule splits anything over'),
+    ('fsdp=4,context=-1', "mesh axis 'context'"),
+])
+def test_an_axis_no_rule_uses_is_a_usage_error(axes, message):
+  block = common.meshes('collocated', actor=(axes, 'all'))
+  meshes.check(block)  # syntax alone: fine
+  with pytest.raises(UsageError, match=message):
+    meshes.check(block, rules=common.sharding())
+  # Of size 1 it splits nothing either way; `sequence` is a rule's.
+  for fine in ('fsdp=4,stage=1', 'fsdp=4,sequence=2'):
+    meshes.check(common.meshes('collocated', actor=(fine, 'all')),
+                 rules=common.sharding())

@@ -85,14 +85,23 @@ def _roles(config: Any) -> dict[str, Any]:
   return {k: v for k, v in config.items() if k != 'layout'}
 
 
-def check(config: Any, prefix: str = '--config.meshes') -> None:
-  """Static checks of a meshes block: syntax only, no devices needed."""
+def check(config: Any, prefix: str = '--config.meshes',
+          rules: Any = None) -> None:
+  """Static checks of a meshes block: syntax only, no devices needed;
+  with the sharding `rules`, every axis wider than 1 is one they use (an
+  axis nothing splits over would only replicate)."""
   if config.layout not in LAYOUTS:
     raise UsageError(f'{prefix}.layout={config.layout!r} is unknown; use one '
                      f'of {", ".join(LAYOUTS)}.')
   roles = _roles(config)
+  used = {a for axes in (rules or {}).values() for a in axes.split(',')}
   for role, spec in roles.items():
-    parse_axes(spec.axes, f'{prefix}.{role}.axes')
+    for name, size in parse_axes(spec.axes, f'{prefix}.{role}.axes'):
+      if rules is not None and size != 1 and name not in used:
+        raise UsageError(
+            f'{prefix}.{role}.axes names the mesh axis {name!r}, which no '
+            '--config.sharding rule splits anything over; use one the rules '
+            f'name ({", ".join(sorted(used - {""}))}) or add it to a rule.')
     devices = spec.devices
     if devices in roles:
       if roles[devices].devices in roles:
