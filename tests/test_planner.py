@@ -34,8 +34,10 @@ def test_candidates_take_whole_hosts_and_divide_the_batch():
   # Shares of 1/4 and 3/4 of a v5e-8 would split its 4-chip hosts.
   assert {l.rollout_share for l in layouts} == {0.0, 0.5}
   assert {l.tp for l in layouts} == {1, 2, 4}  # tiny-gemma3: 4 heads
+  samples = config.rl.prompts_per_step * config.rl.num_generations
   for layout in layouts:
     assert config.rl.mini_batch_size % (layout.micro * layout.actor) == 0
+    assert samples % (layout.rollout // layout.tp) == 0
     applied = layout.apply(config)
     meshes.check(applied.meshes)
     assert applied.rl.micro_batch_size == layout.micro * layout.actor

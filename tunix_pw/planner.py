@@ -99,9 +99,12 @@ class Layout:
 
 def candidates(config: Any, chips: int, per_host: int) -> list[Layout]:
   """Every layout whose meshes divide the chips (whole hosts: libtpu
-  compiles no mesh that splits one) and the batches."""
+  compiles no mesh that splits one) and the batches (a step's samples
+  over the rollout's replicas too: a batch that does not divide is
+  replicated, every replica decoding all of it)."""
   arch = blocks.architecture(config.model)
   rl = config.rl
+  samples = rl.prompts_per_step * rl.num_generations
   out = []
   for share in ROLLOUT_SHARES:
     base = Layout(chips, share, tp=1, fsdp=1, micro=1, remat=REMAT[0])
@@ -110,7 +113,7 @@ def candidates(config: Any, chips: int, per_host: int) -> list[Layout]:
       continue
     widest = math.gcd(actor, arch.embed_dim)
     for tp in TP:
-      if rollout % tp or arch.num_heads % tp:
+      if rollout % tp or arch.num_heads % tp or samples % (rollout // tp):
         continue
       for fsdp in sorted({widest, max(widest // 4, 1)}):
         for micro in MICRO:
