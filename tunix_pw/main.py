@@ -42,6 +42,7 @@ from ml_collections import config_flags
 
 from tunix_pw import checks, compile_only, console, jobs, planner
 from tunix_pw.configs import reference
+from tunix_pw.data import pipeline
 from tunix_pw import workdir as workdir_lib
 from tunix_pw.errors import InfrastructureError, UsageError, disk_full
 from tunix_pw.runtime import backend, elastic, meshes
@@ -260,10 +261,24 @@ def _changes(before: dict[str, Any], now: dict[str, Any]):
           if before.get(k) != now.get(k)]
 
 
+def _token_lengths(config: ml_collections.ConfigDict) -> dict[str, int]:
+  """The lengths of the rows a job trains on, which a sequence axis must
+  divide: an RL job's prompt plus new tokens; else the data's rows, padded
+  to powers of two from the shortest bucket up to their maximum."""
+  if 'rl' in config:
+    return {'--config.rl.max_prompt_length + max_new_tokens':
+                config.rl.max_prompt_length + config.rl.max_new_tokens}
+  if 'max_length' in config.get('data', {}):
+    return {'--config.data.max_length': config.data.max_length,
+            'the shortest padded length': pipeline.bucket(1)}
+  return {}
+
+
 def static_checks(config: ml_collections.ConfigDict):
   job = jobs.get(config.job)
-  meshes.check(config.meshes, rules=config.get('sharding'))  # the job's
-  # (a pipeline's stages have theirs)
+  meshes.check(config.meshes, rules=config.get('sharding'),  # the job's
+               lengths=_token_lengths(config))  # (a pipeline's stages
+  # have theirs)
   job.validate(config)
   elastic.check(config.runtime.elastic)
   if 'steps' in config and 'profile_steps' in config.get('runtime', {}):

@@ -111,3 +111,19 @@ def test_an_axis_no_rule_uses_is_a_usage_error(axes, message):
   for fine in ('fsdp=4,stage=1', 'fsdp=4,sequence=2'):
     meshes.check(common.meshes('collocated', actor=(fine, 'all')),
                  rules=common.sharding())
+
+
+@pytest.mark.parametrize('axes, lengths, message', [
+    ('fsdp=2,sequence=4', {'--config.data.max_length': 18},
+     r'splits tokens 4 ways, which does not divide --config.data.max_length '
+     r'\(18\)'),
+    ('fsdp=1,sequence=32', {'the shortest padded length': 16},
+     'does not divide the shortest padded length'),
+])
+def test_a_sequence_axis_must_divide_the_token_lengths(axes, lengths,
+                                                        message):
+  block = common.meshes('collocated', actor=(axes, 'all'))
+  with pytest.raises(UsageError, match=message):
+    meshes.check(block, rules=common.sharding(), lengths=lengths)
+  meshes.check(block, rules=common.sharding(),
+               lengths={k: 64 for k in lengths})

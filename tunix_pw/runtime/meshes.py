@@ -34,6 +34,7 @@ from tunix_pw.errors import UsageError
 LAYOUTS = ('collocated', 'disaggregated')
 UNION_AXIS = 'union'
 _AXIS = re.compile(r'^([A-Za-z_]\w*)=(-?\d+)$')
+SEQUENCE = 'sequence'  # the axis that splits tokens (sequence parallelism)
 _RANGE = re.compile(r'^(\d*)(%?):(\d*)(%?)$')
 _SLICES = re.compile(r'^slices:(\d+):(\d+)$')
 
@@ -85,11 +86,13 @@ def _roles(config: Any) -> dict[str, Any]:
   return {k: v for k, v in config.items() if k != 'layout'}
 
 
-def check(config: Any, prefix: str = '--config.meshes',
-          rules: Any = None) -> None:
+def check(config: Any, prefix: str = '--config.meshes', rules: Any = None,
+          lengths: Mapping[str, int] | None = None) -> None:
   """Static checks of a meshes block: syntax only, no devices needed;
   with the sharding `rules`, every axis wider than 1 is one they use (an
-  axis nothing splits over would only replicate)."""
+  axis nothing splits over would only replicate); a `sequence` axis
+  divides each of the token `lengths` (what names it -> length), or it
+  would silently split nothing."""
   if config.layout not in LAYOUTS:
     raise UsageError(f'{prefix}.layout={config.layout!r} is unknown; use one '
                      f'of {", ".join(LAYOUTS)}.')
@@ -97,6 +100,12 @@ def check(config: Any, prefix: str = '--config.meshes',
   used = {a for axes in (rules or {}).values() for a in axes.split(',')}
   for role, spec in roles.items():
     for name, size in parse_axes(spec.axes, f'{prefix}.{role}.axes'):
+      for what, length in (lengths or {}).items() if name == SEQUENCE else ():
+        if size > 1 and length % size:
+          raise UsageError(
+              f'{prefix}.{role}.axes splits tokens {size} ways, which does '
+              f'not divide {what} ({length}); use a {SEQUENCE} size that '
+              'divides it.')
       if rules is not None and size != 1 and name not in used:
         raise UsageError(
             f'{prefix}.{role}.axes names the mesh axis {name!r}, which no '
