@@ -34,7 +34,7 @@ def commands() -> list[tuple[str, list[str]]]:
     blocks = (re.findall(r'```sh\n(.*?)```', text, re.S) if doc.suffix == '.md'
               else [ast.get_docstring(ast.parse(text)) or ''])
     lines = re.sub(r'\\\n\s*', ' ', '\n'.join(blocks)).splitlines()
-    found += [(f'{doc.name}:{i}', shlex.split(
+    found += [(f'{doc.relative_to(ROOT)}:{i}', shlex.split(
         line.split('tunix_pw.main', 1)[1], comments=True))
               for i, line in enumerate(lines) if 'tunix_pw.main' in line]
   return found
@@ -71,8 +71,10 @@ def fixtures(tmp_path_factory):
 
 def test_the_docs_show_commands_and_datasets():
   where = {w.split(':')[0] for w, _ in commands()}
-  assert {'README.md', 'data.md', 'rl.md', 'training.md', 'models.md',
-          'running.md', 'cluster.md', 'sft.py', 'grpo.py'} <= where, where
+  assert {'README.md', 'examples/README.md', 'docs/data.md', 'docs/rl.md',
+          'docs/training.md', 'docs/models.md', 'docs/running.md',
+          'docs/cluster.md', 'tunix_pw/configs/sft.py',
+          'tunix_pw/configs/grpo.py'} <= where, where
   assert set(jsonl_examples()) == {'gsm8k', 'chat', 'preferences',
                                    'unpaired', 'code'}
 
@@ -89,8 +91,11 @@ def concrete(argv: list[str], fixtures: pathlib.Path,
     name, _, value = arg.partition('=')
     field = name[len('--config.'):]
     if field.endswith(MODELS) and value.startswith('/'):  # an earlier
-      # command's workdir (/tmp/...), else a downloaded checkpoint
-      arg = f'{name}={fixtures / ("run" if "/tmp/" in value else "hf")}'
+      # command's workdir (/tmp/...), else a downloaded checkpoint; one
+      # command's models share a tokenizer, so a workdir beside a
+      # downloaded checkpoint was trained from one
+      earlier = '/tmp/' in value and not any('=/ckpt/' in a for a in argv)
+      arg = f'{name}={fixtures / ("run" if earlier else "hf")}'
     elif field == 'data.manual_dir':
       arg = f'{name}={fixtures / data}'
     elif field == 'prompts_file':
