@@ -8,7 +8,7 @@ layout back, so any checkpoint we train can be read by transformers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 import dataclasses
 import functools
 import json
