@@ -16,7 +16,7 @@ SMOKE = 'tunix_pw/configs/smoke.py'
 
 @pytest.mark.parametrize('args, expected', [
     # Static checks, before any device work.
-    ([f'--config=missing.py'], 'no readable config file'),
+    (['--config=missing.py'], 'no readable config file'),
     ([f'--config={SMOKE}', '--config.stpes=3'], "did you mean 'steps'"),
     ([f'--config={SMOKE}', '--config.steps=abc'], 'is not a valid int'),
     ([f'--config={SMOKE}', '--config.job=foo'], "--config.job='foo' is unknown"),
@@ -35,6 +35,13 @@ SMOKE = 'tunix_pw/configs/smoke.py'
       '--config.logits_chunk=8'], 'compares whole next-token distributions'),
     (['--config=tunix_pw/configs/sft.py:runlocal',
       '--config.data.manual_dir=/data'], 'not read by the arithmetic dataset'),
+    (['--config=tunix_pw/configs/sft.py:runlocal',
+      '--config.meshes.actor.axes=fsdp=2,stage=3'],
+     "splits the model's 4 repeated blocks of 1 layers 3 ways"),
+    (['--config=tunix_pw/configs/sft.py:runlocal',
+      '--config.meshes.actor.axes=fsdp=2,stage=4',
+      '--config.model.pipeline_microbatches=2'],
+     'pipeline_microbatches=2 is fewer than the 4 pipeline stages'),
     # Topology checks, right after the runtime starts.
     ([f'--config={SMOKE}', '--config.meshes.actor.axes=fsdp=8'],
      'needs 8 devices'),
@@ -115,3 +122,15 @@ def test_a_job_starts_without_importing_torch(tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'torch imported: False' in result.stdout
   assert os.listdir(tmp_path / 'tensorboard')
+
+
+def test_micro_batches_that_do_not_divide_a_pass_exit_2(tmp_path):
+  result = helpers.run_main(
+      '--config=tunix_pw/configs/sft.py:runlocal', '--config.steps=1',
+      '--config.meshes.actor.axes=fsdp=4,stage=2',
+      '--config.model.pipeline_microbatches=3', f'--workdir={tmp_path}')
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert helpers.error_lines(result.stderr) == [
+      'error: --config.model.pipeline_microbatches=3 does not divide the 64 '
+      'rows of a pipelined pass; use a divisor of 64 of at least 2 (the '
+      'stages).']

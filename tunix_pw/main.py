@@ -43,6 +43,7 @@ from ml_collections import config_flags
 from tunix_pw import checks, compile_only, console, jobs, planner
 from tunix_pw.configs import reference
 from tunix_pw.data import pipeline
+from tunix_pw.models import blocks, decoder
 from tunix_pw import workdir as workdir_lib
 from tunix_pw.errors import InfrastructureError, UsageError, disk_full
 from tunix_pw.runtime import backend, elastic, meshes
@@ -274,11 +275,39 @@ def _token_lengths(config: ml_collections.ConfigDict) -> dict[str, int]:
   return {}
 
 
+def _stages(config: ml_collections.ConfigDict) -> int:
+  """The widest stage axis of the job's meshes (pipeline stages)."""
+  return max([size for role, block in config.meshes.items()
+              if role != 'layout'
+              for name, size in meshes.parse_axes(
+                  block.axes, f'--config.meshes.{role}.axes')
+              if name == meshes.STAGE] + [1])
+
+
+def _check_pipeline(config: ml_collections.ConfigDict) -> dict[str, int]:
+  """With pipeline stages: the model's repeated layer blocks (which a
+  stage axis must divide: a stage runs a run of them), after checking
+  that the micro-batches are at least as many as the stages."""
+  stages = _stages(config)
+  if stages == 1 or 'model' not in config:
+    return {}
+  micro = config.model.pipeline_microbatches
+  if micro < stages:
+    raise UsageError(
+        f'--config.model.pipeline_microbatches={micro} is fewer than the '
+        f'{stages} pipeline stages; use at least {stages} (the bubble is '
+        '(stages - 1) / (micro-batches + stages - 1)).')
+  pattern, count = blocks.architecture(config.model).groups[0]
+  return {f"the model's {count} repeated blocks of {len(pattern)} layers":
+          count}
+
+
 def static_checks(config: ml_collections.ConfigDict):
   job = jobs.get(config.job)
   meshes.check(config.meshes, rules=config.get('sharding'),  # the job's
-               lengths=_token_lengths(config))  # (a pipeline's stages
-  # have theirs)
+               divides={meshes.SEQUENCE: _token_lengths(config),
+                        meshes.STAGE: _check_pipeline(config)})  # (a
+  # pipeline's stages have theirs)
   job.validate(config)
   elastic.check(config.runtime.elastic)
   if 'steps' in config and 'profile_steps' in config.get('runtime', {}):
@@ -287,6 +316,12 @@ def static_checks(config: ml_collections.ConfigDict):
       _CHECK_ONLY.value):
     raise UsageError('--workdir is required (checkpoints, metrics and the '
                      'config snapshot go there).')
+  if (stages := _stages(config)) > 1 and 'model' in config:
+    micro = config.model.pipeline_microbatches
+    print(f'pipeline parallelism: the layers in {stages} stages, a pass in '
+          f'{micro} micro-batches; each stage idles '
+          f'{decoder.bubble(stages, micro):.0%} of a pass (the bubble)',
+          flush=True)
   return job
 
 

@@ -105,3 +105,26 @@ def test_an_actor_off_process_0_is_refused(tmp_path):
           '[1] only, and Orbax writes parts of every checkpoint from '
           'process 0') in result.stdout
   assert not (tmp_path / 'metrics.jsonl').exists()
+
+
+@pytest.mark.parametrize('written, resumed_on', [
+    ('fsdp=4,stage=2', 'fsdp=8'), ('fsdp=8', 'fsdp=4,stage=2')])
+def test_a_checkpoint_resumes_into_and_out_of_pipeline_stages(
+    tmp_path, written, resumed_on):
+  """Stacked layers split over a `stage` axis are saved whole: a
+  pipelined run resumes unpipelined and back, as an uninterrupted run on
+  the new layout would."""
+  first = helpers.run_main(*SFT, '--config.steps=2', *place(8, written),
+                           f'--workdir={tmp_path / "moved"}')
+  assert first.returncode == 0, first.stderr[-3000:]
+  new = [*SFT, '--config.steps=4', *place(8, resumed_on)]
+  moved = helpers.run_main(*new, f'--workdir={tmp_path / "moved"}')
+  assert moved.returncode == 0, moved.stderr[-3000:]
+  assert f"meshes.actor.axes '{written}' -> '{resumed_on}'" in moved.stdout
+  straight = helpers.run_main(*new, f'--workdir={tmp_path / "straight"}')
+  assert straight.returncode == 0, straight.stderr[-3000:]
+  resumed, uninterrupted = losses(tmp_path / 'moved'), losses(
+      tmp_path / 'straight')
+  np.testing.assert_allclose([resumed[s] for s in (3, 4)],
+                             [uninterrupted[s] for s in (3, 4)], rtol=1e-5)
+  assert uninterrupted[4] < uninterrupted[1]

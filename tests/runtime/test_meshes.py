@@ -98,7 +98,7 @@ def test_slices_select_whole_slices_on_a_multislice_topology():
 
 
 @pytest.mark.parametrize('axes, message', [
-    ('fsdp=4,stage=2', "the mesh axis 'stage', which no --config.sharding "
+    ('fsdp=4,expert=2', "the mesh axis 'expert', which no --config.sharding "
      'rule splits anything over'),
     ('fsdp=4,context=-1', "mesh axis 'context'"),
 ])
@@ -108,22 +108,24 @@ def test_an_axis_no_rule_uses_is_a_usage_error(axes, message):
   with pytest.raises(UsageError, match=message):
     meshes.check(block, rules=common.sharding())
   # Of size 1 it splits nothing either way; `sequence` is a rule's.
-  for fine in ('fsdp=4,stage=1', 'fsdp=4,sequence=2'):
+  for fine in ('fsdp=4,expert=1', 'fsdp=4,sequence=2', 'fsdp=4,stage=2'):
     meshes.check(common.meshes('collocated', actor=(fine, 'all')),
                  rules=common.sharding())
 
 
-@pytest.mark.parametrize('axes, lengths, message', [
-    ('fsdp=2,sequence=4', {'--config.data.max_length': 18},
-     r'splits tokens 4 ways, which does not divide --config.data.max_length '
-     r'\(18\)'),
-    ('fsdp=1,sequence=32', {'the shortest padded length': 16},
-     'does not divide the shortest padded length'),
+@pytest.mark.parametrize('axes, divides, message', [
+    ('fsdp=2,sequence=4', {'sequence': {'--config.data.max_length': 18}},
+     r'splits --config.data.max_length 4 ways, which does not divide it '
+     r'\(18\); use a sequence size that divides 18'),
+    ('fsdp=1,sequence=32', {'sequence': {'the shortest padded length': 16}},
+     'splits the shortest padded length 32 ways'),
+    ('fsdp=2,stage=4', {'stage': {'the repeated blocks': 6}},
+     'splits the repeated blocks 4 ways'),
 ])
-def test_a_sequence_axis_must_divide_the_token_lengths(axes, lengths,
-                                                        message):
+def test_an_axis_must_divide_what_it_splits(axes, divides, message):
+  """A sequence axis the token lengths, a stage axis the layers."""
   block = common.meshes('collocated', actor=(axes, 'all'))
   with pytest.raises(UsageError, match=message):
-    meshes.check(block, rules=common.sharding(), lengths=lengths)
-  meshes.check(block, rules=common.sharding(),
-               lengths={k: 64 for k in lengths})
+    meshes.check(block, rules=common.sharding(), divides=divides)
+  meshes.check(block, rules=common.sharding(), divides={
+      axis: {k: 64 for k in counts} for axis, counts in divides.items()})

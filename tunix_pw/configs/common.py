@@ -42,9 +42,13 @@ def sharding() -> ml_collections.ConfigDict:
   """Logical axis -> mesh axes. One rule set serves every role's mesh: an axis
   a mesh lacks (or of size 1) is dropped, so fsdp vs tp is the mesh's shape."""
   return ml_collections.ConfigDict(dict(
-      batch='data,fsdp',
+      # Rows split over pipeline stages too wherever no pipeline runs
+      # (embeddings, logits, sampling); parameters beside the stacked
+      # layers over them like FSDP.
+      batch='data,fsdp,stage',
       length='sequence',  # activations' tokens (sequence parallelism)
-      embed='fsdp,sequence',
+      layers='stage',  # stacked layers (pipeline parallelism)
+      embed='fsdp,sequence,stage',
       mlp='tp',
       heads='tp',
       kv_heads='tp',
@@ -57,7 +61,7 @@ def model(preset: str, checkpoint: str = '') -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       preset=preset, checkpoint=checkpoint, tokenizer='',
       param_dtype='float32', dtype='float32', scan=True,
-      unroll_cpu_train=True, remat='none'))
+      unroll_cpu_train=True, remat='none', pipeline_microbatches=4))
 
 
 def data(name: str = 'arithmetic', **arithmetic) -> ml_collections.ConfigDict:

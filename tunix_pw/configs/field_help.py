@@ -96,6 +96,10 @@ HELP: dict[str, str] = {
                               'layers anyway (faster there).',
     'model.remat': 'Rematerialisation of each layer in the backward pass: '
                    'none, full, dots or dots_no_batch.',
+    'model.pipeline_microbatches': 'With a stage mesh axis: the micro-'
+                                   'batches a pipelined pass splits its rows '
+                                   'into (at least the stages; the bubble is '
+                                   '(stages - 1) / (this + stages - 1)).',
     # The optimizer block.
     'optimizer.name': 'adamw or sgd.',
     'optimizer.learning_rate': 'Peak learning rate.',
@@ -186,6 +190,9 @@ HELP: dict[str, str] = {
     'sharding.length': 'Mesh axes the tokens of activations split over '
                        '(sequence parallelism: keys and values are gathered '
                        'whole for attention).',
+    'sharding.layers': 'Mesh axes the stacked layers split over (pipeline '
+                       'stages: a pass without a cache runs them as a '
+                       'pipeline).',
     'sharding.embed': 'Mesh axes the embedding dimension splits over.',
     'sharding.mlp': 'Mesh axes the MLP hidden dimension splits over.',
     'sharding.heads': 'Mesh axes attention heads split over.',

@@ -180,7 +180,8 @@ def check_files(directory: str) -> None:
 def model_kwargs(block: Any) -> dict[str, Any]:
   """The Decoder arguments a model block sets besides the architecture."""
   return dict(param_dtype=DTYPES[block.param_dtype],
-              dtype=DTYPES[block.dtype], scan=block.scan, remat=block.remat)
+              dtype=DTYPES[block.dtype], scan=block.scan, remat=block.remat,
+              microbatches=block.pipeline_microbatches)
 
 
 def from_block(block: Any, *, seed: int = 0, mesh: Mesh | None = None,

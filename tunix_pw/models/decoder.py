@@ -4,7 +4,8 @@ Layers are grouped by their repeating attention pattern (config.groups):
 Llama/Qwen/Gemma 1 scan single layers, Gemma 2 blocks of (local, global),
 Gemma 3 blocks of 5 local + 1 global plus a block of the remainder. Each
 pattern position's parameters are stacked over the group's repeats, and one
-jax.lax.scan runs the group (or a Python loop when scan is off).
+jax.lax.scan runs the group (or a Python loop when scan is off); on a mesh
+with a `stage` axis, a pipeline over the group's repeats.
 
 One call serves training (no cache: the sequence attends to itself, with
 segment ids for packed sequences) and sampling (a KV cache: this call's keys
@@ -23,6 +24,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from tunix_pw.errors import UsageError
 from tunix_pw.models import layers
 from tunix_pw.models.config import GLOBAL, LOCAL, ModelConfig
 from tunix_pw.runtime.sharding import Sharder
@@ -161,11 +163,12 @@ class Decoder(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs,
                param_dtype=jnp.float32, dtype=jnp.float32, scan: bool = True,
-               remat: str = 'none'):
+               remat: str = 'none', microbatches: int = 4):
     if remat not in REMAT_POLICIES:
       raise ValueError(f'unknown remat policy {remat!r}; use one of '
                        f'{", ".join(REMAT_POLICIES)}')
     self.cfg, self.dtype, self.scan, self.remat = cfg, dtype, scan, remat
+    self.microbatches = microbatches  # a pipeline's (`_pipelined`)
     d, v = cfg.embed_dim, cfg.vocab_size
     self.embedding = layers.param(rngs, (v, d), ('vocab', 'embed'), 0,
                                   param_dtype, fan_in=d)
@@ -301,8 +304,42 @@ class Decoder(nnx.Module):
     when given); its cache ((keys, values) per pattern position) is
     carried through them and updated in place, so a decode step copies no
     cache. With `collect`, also each layer's (output, attention
-    probabilities), stacked [repeats x pattern, ...] in layer order."""
+    probabilities), stacked [repeats x pattern, ...] in layer order. On a
+    mesh whose `stage` axes divide the repeats, a pass without a cache runs
+    them as a pipeline (`_pipelined`)."""
     graphdef, state = nnx.split(group)
+    count = jax.tree.leaves(state)[0].shape[0]
+    stages = shard.ways('layers')
+    if (stages > 1 and count % stages == 0 and group_cache is None and
+        not collect and repeats is None):
+      return (self._pipelined(graphdef, state, x, rotations, masks, shard),
+              None), None
+    body = self._body(graphdef, rotations, masks, slot, shard, collect)
+    carry = (x, group_cache)
+    if self.scan and repeats is None:
+      carry, ys = jax.lax.scan(body, carry, (state, jnp.arange(count)))
+    else:
+      steps = []
+      per_layer = group_cache is not None and isinstance(group_cache[0][0],
+                                                         tuple)
+      for r, layer_state in enumerate(repeats or _per_repeat(state)):
+        if per_layer:  # this repeat's own buffers (Cache.per_layer)
+          x, cache = carry
+          (x, own), y = body((x, _at(cache, r)), (layer_state, None))
+          carry = x, tuple(tuple(parts[:r] + (mine,) + parts[r + 1:]
+                                 for parts, mine in zip(side, own_side))
+                           for side, own_side in zip(cache, own))
+        else:
+          carry, y = body(carry, (layer_state, r))
+        steps.append(y)
+      ys = jax.tree.map(lambda *v: jnp.stack(v), *steps) if collect else None
+    if collect:  # [repeats, pattern, ...] -> [repeats x pattern, ...]
+      ys = tuple(y.reshape((-1,) + y.shape[2:]) for y in ys)
+    return carry, ys
+
+  def _body(self, graphdef, rotations, masks, slot, shard, collect):
+    """One repeat of a group, as a scan body: ((x, cache), (its
+    parameters, its index)) -> ((x, cache), what `collect` keeps)."""
     dtype = self.dtype
 
     def body(carry, xs):
@@ -322,31 +359,55 @@ class Decoder(nnx.Module):
       return (x, cache), (tuple(jnp.stack(v) for v in zip(*per_layer))
                           if collect else None)
 
-    policy = REMAT_POLICIES[self.remat]
-    if self.remat != 'none':
-      body = jax.checkpoint(body, policy=policy, prevent_cse=not self.scan)
-    carry = (x, group_cache)
-    if self.scan and repeats is None:
-      carry, ys = jax.lax.scan(body, carry, (state, jnp.arange(
-          jax.tree.leaves(state)[0].shape[0])))
-    else:
-      steps = []
-      per_layer = group_cache is not None and isinstance(group_cache[0][0],
-                                                         tuple)
-      for r, layer_state in enumerate(repeats or _per_repeat(state)):
-        if per_layer:  # this repeat's own buffers (Cache.per_layer)
-          x, cache = carry
-          (x, own), y = body((x, _at(cache, r)), (layer_state, None))
-          carry = x, tuple(tuple(parts[:r] + (mine,) + parts[r + 1:]
-                                 for parts, mine in zip(side, own_side))
-                           for side, own_side in zip(cache, own))
-        else:
-          carry, y = body(carry, (layer_state, r))
-        steps.append(y)
-      ys = jax.tree.map(lambda *v: jnp.stack(v), *steps) if collect else None
-    if collect:  # [repeats, pattern, ...] -> [repeats x pattern, ...]
-      ys = tuple(y.reshape((-1,) + y.shape[2:]) for y in ys)
-    return carry, ys
+    if self.remat == 'none':
+      return body
+    return jax.checkpoint(body, policy=REMAT_POLICIES[self.remat],
+                          prevent_cse=not self.scan)
+
+  def _pipelined(self, graphdef, state, x, rotations, masks, shard):
+    """A group's repeats as a pipeline (GPipe's schedule): stage s of the
+    mesh's `stage` axes holds repeats [s R/S, (s+1) R/S), where the
+    'layers' rule puts them; the rows split into `microbatches`, which
+    enter stage 0 one a tick, and at each tick every stage runs its
+    repeats on the micro-batch it holds, then passes it to the next stage
+    (a collective permute). M + S - 1 ticks, of which each stage idles
+    S - 1 (`bubble`); autodiff runs the ticks backwards for the gradient.
+    Each micro-batch's RoPE angles and masks follow it. Same values as
+    the layers run in order."""
+    stages, micro, rows = shard.ways('layers'), self.microbatches, x.shape[0]
+    if rows % micro:
+      raise UsageError(
+          f'--config.model.pipeline_microbatches={micro} does not divide '
+          f'the {rows} rows of a pipelined pass; use a divisor of {rows} '
+          f'of at least {stages} (the stages).')
+    split = lambda a: a.reshape((micro, rows // micro) + a.shape[1:])
+    inputs, side = split(x), jax.tree.map(split, (rotations, masks))
+    parts = jax.tree.map(lambda p: p.reshape((stages, -1) + p.shape[1:]),
+                         state)
+
+    def stage(part, x, side):
+      body = self._body(graphdef, *side, 0, shard.within('layers'),
+                        collect=False)
+      count = jax.tree.leaves(part)[0].shape[0]
+      return jax.lax.scan(body, (x, None), (part, jnp.arange(count)))[0][0]
+    stage = jax.vmap(stage, spmd_axis_name=shard.axes('layers'))
+
+    def tick(held, t):
+      entering = jax.lax.dynamic_index_in_dim(inputs, jnp.minimum(
+          t, micro - 1))
+      held = shard(jnp.concatenate([entering, held[:-1]]),
+                   'layers', 'batch', 'length', None)
+      which = jnp.clip(t - jnp.arange(stages), 0, micro - 1)
+      held = stage(parts, held, jax.tree.map(lambda a: a[which], side))
+      return held, held[-1]
+    held = jnp.zeros((stages,) + inputs.shape[1:], x.dtype)
+    _, out = jax.lax.scan(tick, held, jnp.arange(micro + stages - 1))
+    return out[stages - 1:].reshape(x.shape)
+
+
+def bubble(stages: int, microbatches: int) -> float:
+  """The fraction of a pipelined pass each stage idles."""
+  return (stages - 1) / (microbatches + stages - 1)
 
 
 def _at(cache: Any, r: int) -> Any:

@@ -2,9 +2,9 @@
 
 Parameters carry their logical axes as `axes` metadata ('embed', 'heads',
 'kv_heads', 'mlp', 'vocab'); a `stack` dimension (scan-stacked layers) comes
-first and is unnamed. Activations are constrained through
-`runtime.sharding.Sharder`, which maps logical names to the role's mesh by
-config rules.
+first, named 'layers' (pipeline stages split it). Activations are
+constrained through `runtime.sharding.Sharder`, which maps logical names to
+the role's mesh by config rules.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple, stack: int,
   else:
     value = (jax.random.normal(rngs.params(), full, jnp.float32) /
              math.sqrt(fan_in)).astype(dtype)
-  return nnx.Param(value, axes=((None,) if stack else ()) + axes)
+  return nnx.Param(value, axes=(('layers',) if stack else ()) + axes)
 
 
 class RMSNorm(nnx.Module):

@@ -35,6 +35,7 @@ LAYOUTS = ('collocated', 'disaggregated')
 UNION_AXIS = 'union'
 _AXIS = re.compile(r'^([A-Za-z_]\w*)=(-?\d+)$')
 SEQUENCE = 'sequence'  # the axis that splits tokens (sequence parallelism)
+STAGE = 'stage'  # the axis that splits layers (pipeline parallelism)
 _RANGE = re.compile(r'^(\d*)(%?):(\d*)(%?)$')
 _SLICES = re.compile(r'^slices:(\d+):(\d+)$')
 
@@ -87,11 +88,12 @@ def _roles(config: Any) -> dict[str, Any]:
 
 
 def check(config: Any, prefix: str = '--config.meshes', rules: Any = None,
-          lengths: Mapping[str, int] | None = None) -> None:
+          divides: Mapping[str, Mapping[str, int]] | None = None) -> None:
   """Static checks of a meshes block: syntax only, no devices needed;
   with the sharding `rules`, every axis wider than 1 is one they use (an
-  axis nothing splits over would only replicate); a `sequence` axis
-  divides each of the token `lengths` (what names it -> length), or it
+  axis nothing splits over would only replicate); an axis named in
+  `divides` (axis -> what -> count: a `sequence` axis the token lengths,
+  a `stage` axis the repeated layer blocks) divides each count, or it
   would silently split nothing."""
   if config.layout not in LAYOUTS:
     raise UsageError(f'{prefix}.layout={config.layout!r} is unknown; use one '
@@ -100,12 +102,12 @@ def check(config: Any, prefix: str = '--config.meshes', rules: Any = None,
   used = {a for axes in (rules or {}).values() for a in axes.split(',')}
   for role, spec in roles.items():
     for name, size in parse_axes(spec.axes, f'{prefix}.{role}.axes'):
-      for what, length in (lengths or {}).items() if name == SEQUENCE else ():
-        if size > 1 and length % size:
+      for what, count in (divides or {}).get(name, {}).items():
+        if size > 1 and count % size:
           raise UsageError(
-              f'{prefix}.{role}.axes splits tokens {size} ways, which does '
-              f'not divide {what} ({length}); use a {SEQUENCE} size that '
-              'divides it.')
+              f'{prefix}.{role}.axes splits {what} {size} ways, which does '
+              f'not divide it ({count}); use a {name} size that divides '
+              f'{count}.')
       if rules is not None and size != 1 and name not in used:
         raise UsageError(
             f'{prefix}.{role}.axes names the mesh axis {name!r}, which no '

@@ -68,3 +68,22 @@ class Sharder:
       return x
     return jax.lax.with_sharding_constraint(
         x, named(self.mesh, x.shape, axes, self.rules))
+
+  def axes(self, logical: str) -> tuple[str, ...]:
+    """The mesh axes wider than 1 that the rules split `logical` over."""
+    if self.mesh is None:
+      return ()
+    return tuple(a for a in (self.rules.get(logical) or '').split(',')
+                 if self.mesh.shape.get(a, 1) > 1)
+
+  def within(self, logical: str) -> Sharder:
+    """This sharder for what runs inside one part of `logical` (a
+    pipeline stage): the other rules without its mesh axes."""
+    mine = set(self.axes(logical))
+    return Sharder(self.mesh, {
+        name: ','.join(a for a in axes.split(',') if a not in mine)
+        for name, axes in self.rules.items()})
+
+  def ways(self, logical: str) -> int:
+    """How many parts those axes split a dimension named `logical` in."""
+    return math.prod(self.mesh.shape[a] for a in self.axes(logical))
