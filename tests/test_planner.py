@@ -44,6 +44,23 @@ def test_candidates_take_whole_hosts_and_divide_the_batch():
     assert config.meshes.layout == 'disaggregated'  # the original untouched
 
 
+def test_pipeline_stages_where_they_divide_the_layers():
+  """tiny-gemma's 4 repeated layers take 2 and 4 stages (tiny-gemma3's
+  one block none); a stage runs a row per device per micro-batch."""
+  config = small_config()
+  config.model.preset = 'tiny-gemma'
+  layouts = planner.candidates(config, 8, per_host=4)
+  assert {l.stage for l in layouts} == {1, 2, 4}
+  for layout in (l for l in layouts if l.stage > 1):
+    applied = layout.apply(config)
+    axes = dict(meshes.parse_axes(applied.meshes.actor.axes, 'actor'))
+    assert axes['stage'] == layout.stage
+    assert axes['data'] * axes['fsdp'] * axes['stage'] == layout.actor
+    assert applied.model.pipeline_microbatches == (
+        applied.rl.micro_batch_size // (layout.actor // layout.stage))
+  assert {l.stage for l in planner.candidates(small_config(), 8, 4)} == {1}
+
+
 def fake_report(fits_if):
   """compile_only.report without compiling: each layout's step time from
   its micro batch, its fit decided by `fits_if(config)`."""

@@ -1,8 +1,8 @@
 """A layout planner for an RL job on a TPU slice: which share of the chips
 the rollout gets (or all of them, collocated), how wide its tensor
-parallelism, how wide the actor's FSDP, how many samples per device in a
-micro batch and which remat, ranked by estimated step time among the
-layouts that fit.
+parallelism, how wide the actor's FSDP, in how many pipeline stages, how
+many samples per device in a micro batch and which remat, ranked by
+estimated step time among the layouts that fit.
 
   python -m tunix_pw.main --config=tunix_pw/configs/grpo.py:gemma3-27b \
       --compile_topology=v5p-2048 --plan_layout [--plan_compile=5]
@@ -42,6 +42,7 @@ from tunix_pw.train import plans
 ROLLOUT_SHARES = (0.0, 0.25, 0.5, 0.75)  # 0: collocated
 TP = (1, 2, 4, 8, 16)
 MICRO = (1, 2, 4)  # samples per actor device per micro batch
+STAGES = (1, 2, 4)  # the actor's pipeline stages, where they divide
 REMAT = ('full', 'dots')
 _BYTES = {'float32': 4, 'bfloat16': 2}
 
@@ -55,6 +56,12 @@ class Layout:
   fsdp: int  # the actor's (and reference's) FSDP width; data over the rest
   micro: int  # samples per actor device per micro batch
   remat: str
+  stage: int = 1  # the actor's (and reference's) pipeline stages
+
+  @property
+  def microbatches(self) -> int:
+    """A pipelined pass's: a row per device in each."""
+    return self.micro * self.stage
 
   @property
   def actor(self) -> int:
@@ -72,7 +79,8 @@ class Layout:
                      rollout=f'{split}:100%')
     else:
       devices = dict(layout='collocated', actor='all', rollout='all')
-    axes = f'data={self.actor // self.fsdp},fsdp={self.fsdp}'
+    axes = f'data={self.actor // (self.fsdp * self.stage)},fsdp={self.fsdp}'
+    axes += f',stage={self.stage}' if self.stage > 1 else ''
     return {'meshes.layout': devices['layout'],
             'meshes.actor.devices': devices['actor'],
             'meshes.actor.axes': axes, 'meshes.reference.devices': 'actor',
@@ -81,7 +89,9 @@ class Layout:
             'meshes.rollout.axes': f'data=-1,tp={self.tp}',
             'rl.micro_batch_size': self.micro * self.actor,
             'rl.logps_micro_batch_size': self.micro * self.actor,
-            'model.remat': self.remat}
+            'model.remat': self.remat,
+            **({'model.pipeline_microbatches': self.microbatches}
+               if self.stage > 1 else {})}
 
   def overrides(self) -> str:
     return ' '.join(f'--config.{k}={v}' for k, v in self.settings().items())
@@ -105,22 +115,27 @@ def candidates(config: Any, chips: int, per_host: int) -> list[Layout]:
   arch = blocks.architecture(config.model)
   rl = config.rl
   samples = rl.prompts_per_step * rl.num_generations
+  repeats = arch.groups[0][1]
   out = []
   for share in ROLLOUT_SHARES:
     base = Layout(chips, share, tp=1, fsdp=1, micro=1, remat=REMAT[0])
     actor, rollout = base.actor, base.rollout
     if actor % per_host or rollout % per_host:
       continue
-    widest = math.gcd(actor, arch.embed_dim)
     for tp in TP:
       if rollout % tp or arch.num_heads % tp or samples % (rollout // tp):
         continue
-      for fsdp in sorted({widest, max(widest // 4, 1)}):
-        for micro in MICRO:
-          if rl.mini_batch_size % (micro * actor):
-            continue
-          out += [dataclasses.replace(base, tp=tp, fsdp=fsdp, micro=micro,
-                                      remat=remat) for remat in REMAT]
+      for stage in STAGES:
+        if repeats % stage or actor % stage:
+          continue
+        widest = math.gcd(actor // stage, arch.embed_dim)
+        for fsdp in sorted({widest, max(widest // 4, 1)}):
+          for micro in MICRO:
+            if rl.mini_batch_size % (micro * actor):
+              continue
+            out += [dataclasses.replace(base, tp=tp, fsdp=fsdp, micro=micro,
+                                        remat=remat, stage=stage)
+                    for remat in REMAT]
   return out
 
 
@@ -135,13 +150,15 @@ class Sizing:
 def size(config: Any, layout: Layout, roofline: estimate.Roofline,
          params: int) -> Sizing:
   """Lower bounds: parameters, optimizer state and the reference sharded
-  over the actor's FSDP axis; the rollout's copy over its tp, twice while a
-  sync lands; its KV cache for its share of a step's samples; the train
-  step's saved layer inputs (every remat keeps them; what else a remat
-policy saves, XLA may still recompute). The time: each
-  phase's compute or HBM traffic at the chip's peak, whichever is longer,
-  the train step's FSDP gathers (forward, backward and a remat's second
-  forward) and gradient reduce-scatter at the ICI's."""
+  over the actor's FSDP and stage axes; the rollout's copy over its tp,
+  twice while a sync lands; its KV cache for its share of a step's
+  samples; the train step's saved layer inputs (every remat keeps them;
+  what else a remat policy saves, XLA may still recompute), a pipeline's
+  bubble ticks' too. The time: each phase's compute or HBM traffic at the
+  chip's peak, whichever is longer, the train step's FSDP gathers
+  (forward, backward and a remat's second forward: a pipeline's stage
+  gathers its layers at every tick) and gradient reduce-scatter at the
+  ICI's; a pipeline's passes take (M + S - 1) / M of their compute."""
   arch = blocks.architecture(config.model)
   rl = config.rl
   stored = _BYTES[config.model.param_dtype]
@@ -151,9 +168,11 @@ policy saves, XLA may still recompute). The time: each
   samples = rl.prompts_per_step * rl.num_generations
   length = rl.max_prompt_length + rl.max_new_tokens
   reference = 'reference' in config.meshes
-  actor = params * (stored * (1 + reference) + 2 * state) // layout.fsdp
-  actor += (layout.micro * length * arch.embed_dim * arch.num_layers *
-            compute)
+  sharded = layout.fsdp * layout.stage
+  ticks = (layout.microbatches + layout.stage - 1) / layout.microbatches
+  actor = params * (stored * (1 + reference) + 2 * state) // sharded
+  actor += int(layout.micro * length * arch.embed_dim * arch.num_layers *
+               compute * ticks)
   kv = (2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * compute *
         length // min(layout.tp, arch.num_kv_heads))
   replicas = layout.rollout // layout.tp
@@ -163,15 +182,17 @@ policy saves, XLA may still recompute). The time: each
 
   flops_per_token = 2 * params
   tokens = samples * length
-  gathers = (3 if layout.remat == 'full' else 2) * (
-      samples // (layout.micro * layout.actor))
+  passes = samples // (layout.micro * layout.actor)
+  gathers = (3 if layout.remat == 'full' else 2) * passes * (
+      1 if layout.stage == 1 else layout.microbatches + layout.stage - 1)
   network = sum(times * roofline.network_seconds(hlo_cost.Collective(
-      kind, params * stored, layout.fsdp)) for kind, times in (
-          ('all-gather', gathers), ('reduce-scatter', 1)))
-  train = max(network, (4 if layout.remat == 'full' else 3) *
+      kind, params * stored // layout.stage, layout.fsdp))
+                for kind, times in (('all-gather', gathers),
+                                    ('reduce-scatter', 1)))
+  train = max(network, (4 if layout.remat == 'full' else 3) * ticks *
               flops_per_token * tokens / layout.actor / roofline.flops)
   scoring = (plan_lib.logps_calls(config) and (
-      1 + reference)) * flops_per_token * tokens / layout.actor / (
+      1 + reference)) * ticks * flops_per_token * tokens / layout.actor / (
           roofline.flops)
   prefill = flops_per_token * samples * rl.max_prompt_length / (
       layout.rollout * roofline.flops)
