@@ -31,17 +31,20 @@ def packed_rows(n: int, t: int):
       1 + (at >= cuts), jnp.int32)
 
 
-def mesh(stages: int):
+def mesh(stages: int, tp: int = 1):
   return jax.sharding.Mesh(
-      np.array(jax.devices()[:8]).reshape(stages, 8 // stages),
-      ('stage', 'fsdp'))
+      np.array(jax.devices()[:8]).reshape(stages, 8 // (stages * tp), tp),
+      ('stage', 'fsdp', 'tp'))
 
 
-@pytest.mark.parametrize('stages, adapters', [(2, False), (4, True)])
-def test_stages_give_the_unsplit_values_and_gradients(stages, adapters):
+@pytest.mark.parametrize('stages, tp, adapters',
+                         [(2, 1, False), (4, 1, True), (2, 2, False)])
+def test_stages_give_the_unsplit_values_and_gradients(stages, tp, adapters):
   """4 repeats in 2 or 4 stages, 4 micro-batches of 2 rows; with LoRA
-  adapters in the second."""
-  sp.assert_unchanged_by(mesh(stages), packed_rows(8, 32), adapters, CFG)
+  adapters in the second, tensor parallelism inside each stage in the
+  third."""
+  sp.assert_unchanged_by(mesh(stages, tp), packed_rows(8, 32), adapters,
+                         CFG)
 
 
 def test_a_stage_holds_its_layers_and_the_bubble():

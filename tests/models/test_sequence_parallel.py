@@ -66,7 +66,7 @@ def assert_unchanged_by(where, rows, adapters: bool, cfg=CFG) -> None:
   np.testing.assert_allclose(entropy2, entropy, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(value2, value, rtol=1e-5)
   for a, b in zip(jax.tree.leaves(grads2), jax.tree.leaves(grads)):
-    np.testing.assert_allclose(a, b, rtol=1e-4,
+    np.testing.assert_allclose(a, b, rtol=1e-5,
                                atol=1e-5 * float(jnp.abs(b).max()))
 
 
