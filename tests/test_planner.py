@@ -2,15 +2,17 @@
 rough sizes that bound the compiled peak from below, and a ranking that
 holds only layouts that fit, each pasteable into a launch."""
 
+import dataclasses
 import json
 
 import pytest
 
 from tests import helpers
-from tunix_pw import compile_only, planner
+from tunix_pw import compile_only, estimate, planner
 from tunix_pw.configs import grpo
 from tunix_pw.errors import UsageError
-from tunix_pw.runtime import meshes
+from tunix_pw.models import blocks
+from tunix_pw.runtime import meshes, topology
 
 pytest.importorskip('libtpu', reason='libtpu is not installed (the test '
                     'extra installs it)')
@@ -36,11 +38,11 @@ def test_candidates_take_whole_hosts_and_divide_the_batch():
   assert {l.tp for l in layouts} == {1, 2, 4}  # tiny-gemma3: 4 heads
   samples = config.rl.prompts_per_step * config.rl.num_generations
   for layout in layouts:
-    assert config.rl.mini_batch_size % (layout.micro * layout.actor) == 0
+    assert config.rl.mini_batch_size % layout.micro_batch == 0
     assert samples % (layout.rollout // layout.tp) == 0
     applied = layout.apply(config)
     meshes.check(applied.meshes)
-    assert applied.rl.micro_batch_size == layout.micro * layout.actor
+    assert applied.rl.micro_batch_size == layout.micro_batch
     assert config.meshes.layout == 'disaggregated'  # the original untouched
 
 
@@ -55,10 +57,38 @@ def test_pipeline_stages_where_they_divide_the_layers():
     applied = layout.apply(config)
     axes = dict(meshes.parse_axes(applied.meshes.actor.axes, 'actor'))
     assert axes['stage'] == layout.stage
-    assert axes['data'] * axes['fsdp'] * axes['stage'] == layout.actor
-    assert applied.model.pipeline_microbatches == (
-        applied.rl.micro_batch_size // (layout.actor // layout.stage))
+    assert axes['data'] * axes['fsdp'] * axes['stage'] * axes.get(
+        'sequence', 1) == layout.actor
+    assert applied.model.pipeline_microbatches == (  # its rows
+        applied.rl.micro_batch_size // (axes['data'] * axes['fsdp']))
   assert {l.stage for l in planner.candidates(small_config(), 8, 4)} == {1}
+
+
+def test_sequences_split_where_they_divide_the_tokens():
+  """A sample's 32 tokens over 2 or 4 devices: a micro batch of half or a
+  quarter of a sample per device, and half or a quarter of its saved
+  inputs."""
+  config = small_config()
+  layouts = planner.candidates(config, 8, per_host=4)
+  assert {l.sequence for l in layouts} == {1, 2, 4}
+  for layout in (l for l in layouts if l.sequence > 1):
+    applied = layout.apply(config)
+    meshes.check(applied.meshes)
+    axes = dict(meshes.parse_axes(applied.meshes.actor.axes, 'actor'))
+    assert axes['sequence'] == layout.sequence
+    assert axes['data'] * axes['fsdp'] * axes['sequence'] * axes.get(
+        'stage', 1) == layout.actor
+    assert applied.rl.micro_batch_size * layout.sequence == (
+        layout.micro * layout.actor)
+  roofline = estimate.Roofline.of(topology.parse('v5litepod-8', 'tpu'))
+  whole = planner.Layout(8, 0.0, tp=1, fsdp=4, micro=1, remat='full')
+  split = dataclasses.replace(whole, fsdp=2, sequence=2)
+  saved = planner.size(config, whole, roofline, 1000).memory - planner.size(
+      config, split, roofline, 1000).memory
+  arch = blocks.architecture(config.model)
+  assert saved == 32 * arch.embed_dim * arch.num_layers * 4 // 2
+  config.rl.max_new_tokens = 17  # 33 tokens
+  assert {l.sequence for l in planner.candidates(config, 8, 4)} == {1}
 
 
 def fake_report(fits_if):

@@ -1,8 +1,9 @@
 """A layout planner for an RL job on a TPU slice: which share of the chips
 the rollout gets (or all of them, collocated), how wide its tensor
-parallelism, how wide the actor's FSDP, in how many pipeline stages, how
-many samples per device in a micro batch and which remat, ranked by
-estimated step time among the layouts that fit.
+parallelism, how wide the actor's FSDP, in how many pipeline stages, over
+how many devices a sample's tokens split (sequence parallelism), how many
+samples per device in a micro batch and which remat, ranked by estimated
+step time among the layouts that fit.
 
   python -m tunix_pw.main --config=tunix_pw/configs/grpo.py:gemma3-27b \
       --compile_topology=v5p-2048 --plan_layout [--plan_compile=5]
@@ -26,6 +27,7 @@ import contextlib
 import copy
 import dataclasses
 import io
+import itertools
 import math
 from typing import Any
 
@@ -43,6 +45,7 @@ ROLLOUT_SHARES = (0.0, 0.25, 0.5, 0.75)  # 0: collocated
 TP = (1, 2, 4, 8, 16)
 MICRO = (1, 2, 4)  # samples per actor device per micro batch
 STAGES = (1, 2, 4)  # the actor's pipeline stages, where they divide
+SEQUENCE = (1, 2, 4)  # devices a sample's tokens split over, where they divide
 REMAT = ('full', 'dots')
 _BYTES = {'float32': 4, 'bfloat16': 2}
 
@@ -54,14 +57,20 @@ class Layout:
   rollout_share: float  # of the chips; 0: every role on every chip
   tp: int  # the rollout's tensor parallel width
   fsdp: int  # the actor's (and reference's) FSDP width; data over the rest
-  micro: int  # samples per actor device per micro batch
+  micro: int  # samples per actor device per micro batch (its tokens')
   remat: str
   stage: int = 1  # the actor's (and reference's) pipeline stages
+  sequence: int = 1  # devices a sample's tokens split over
 
   @property
   def microbatches(self) -> int:
     """A pipelined pass's: a row per device in each."""
     return self.micro * self.stage
+
+  @property
+  def micro_batch(self) -> int:
+    """Samples a pass: `micro` per device, a sample over `sequence`."""
+    return self.micro * self.actor // self.sequence
 
   @property
   def actor(self) -> int:
@@ -79,7 +88,9 @@ class Layout:
                      rollout=f'{split}:100%')
     else:
       devices = dict(layout='collocated', actor='all', rollout='all')
-    axes = f'data={self.actor // (self.fsdp * self.stage)},fsdp={self.fsdp}'
+    data = self.actor // (self.fsdp * self.stage * self.sequence)
+    axes = f'data={data},fsdp={self.fsdp}'
+    axes += f',sequence={self.sequence}' if self.sequence > 1 else ''
     axes += f',stage={self.stage}' if self.stage > 1 else ''
     return {'meshes.layout': devices['layout'],
             'meshes.actor.devices': devices['actor'],
@@ -87,8 +98,8 @@ class Layout:
             'meshes.reference.axes': axes,
             'meshes.rollout.devices': devices['rollout'],
             'meshes.rollout.axes': f'data=-1,tp={self.tp}',
-            'rl.micro_batch_size': self.micro * self.actor,
-            'rl.logps_micro_batch_size': self.micro * self.actor,
+            'rl.micro_batch_size': self.micro_batch,
+            'rl.logps_micro_batch_size': self.micro_batch,
             'model.remat': self.remat,
             **({'model.pipeline_microbatches': self.microbatches}
                if self.stage > 1 else {})}
@@ -109,13 +120,14 @@ class Layout:
 
 def candidates(config: Any, chips: int, per_host: int) -> list[Layout]:
   """Every layout whose meshes divide the chips (whole hosts: libtpu
-  compiles no mesh that splits one) and the batches (a step's samples
+  compiles no mesh that splits one), the batches (a step's samples
   over the rollout's replicas too: a batch that does not divide is
-  replicated, every replica decoding all of it)."""
+  replicated, every replica decoding all of it) and the samples' tokens."""
   arch = blocks.architecture(config.model)
   rl = config.rl
   samples = rl.prompts_per_step * rl.num_generations
   repeats = arch.groups[0][1]
+  length = rl.max_prompt_length + rl.max_new_tokens
   out = []
   for share in ROLLOUT_SHARES:
     base = Layout(chips, share, tp=1, fsdp=1, micro=1, remat=REMAT[0])
@@ -125,17 +137,19 @@ def candidates(config: Any, chips: int, per_host: int) -> list[Layout]:
     for tp in TP:
       if rollout % tp or arch.num_heads % tp or samples % (rollout // tp):
         continue
-      for stage in STAGES:
-        if repeats % stage or actor % stage:
+      for stage, sequence in itertools.product(STAGES, SEQUENCE):
+        split = stage * sequence
+        if repeats % stage or length % sequence or actor % split:
           continue
-        widest = math.gcd(actor // stage, arch.embed_dim)
+        widest = math.gcd(actor // split, arch.embed_dim)
         for fsdp in sorted({widest, max(widest // 4, 1)}):
           for micro in MICRO:
-            if rl.mini_batch_size % (micro * actor):
+            if (micro * actor % sequence or
+                rl.mini_batch_size % (micro * actor // sequence)):
               continue
-            out += [dataclasses.replace(base, tp=tp, fsdp=fsdp, micro=micro,
-                                        remat=remat, stage=stage)
-                    for remat in REMAT]
+            out += [dataclasses.replace(
+                base, tp=tp, fsdp=fsdp, micro=micro, remat=remat,
+                stage=stage, sequence=sequence) for remat in REMAT]
   return out
 
 
@@ -150,14 +164,15 @@ class Sizing:
 def size(config: Any, layout: Layout, roofline: estimate.Roofline,
          params: int) -> Sizing:
   """Lower bounds: parameters, optimizer state and the reference sharded
-  over the actor's FSDP and stage axes; the rollout's copy over its tp,
-  twice while a sync lands; its KV cache for its share of a step's
+  over the actor's FSDP, sequence and stage axes; the rollout's copy over
+  its tp, twice while a sync lands; its KV cache for its share of a step's
   samples; the train step's saved layer inputs (every remat keeps them;
   what else a remat policy saves, XLA may still recompute), a pipeline's
   bubble ticks' too. The time: each phase's compute or HBM traffic at the
   chip's peak, whichever is longer, the train step's FSDP gathers
   (forward, backward and a remat's second forward: a pipeline's stage
-  gathers its layers at every tick) and gradient reduce-scatter at the
+  gathers its layers at every tick), a split sequence's key and value
+  gathers (each layer's, as often) and gradient reduce-scatter at the
   ICI's; a pipeline's passes take (M + S - 1) / M of their compute."""
   arch = blocks.architecture(config.model)
   rl = config.rl
@@ -168,11 +183,11 @@ def size(config: Any, layout: Layout, roofline: estimate.Roofline,
   samples = rl.prompts_per_step * rl.num_generations
   length = rl.max_prompt_length + rl.max_new_tokens
   reference = 'reference' in config.meshes
-  sharded = layout.fsdp * layout.stage
+  sharded = layout.fsdp * layout.stage * layout.sequence
   ticks = (layout.microbatches + layout.stage - 1) / layout.microbatches
   actor = params * (stored * (1 + reference) + 2 * state) // sharded
   actor += int(layout.micro * length * arch.embed_dim * arch.num_layers *
-               compute * ticks)
+               compute * ticks / layout.sequence)
   kv = (2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * compute *
         length // min(layout.tp, arch.num_kv_heads))
   replicas = layout.rollout // layout.tp
@@ -182,13 +197,18 @@ def size(config: Any, layout: Layout, roofline: estimate.Roofline,
 
   flops_per_token = 2 * params
   tokens = samples * length
-  passes = samples // (layout.micro * layout.actor)
-  gathers = (3 if layout.remat == 'full' else 2) * passes * (
+  forwards = (3 if layout.remat == 'full' else 2) * (
+      samples // layout.micro_batch)  # passes, a backward's counted
+  gathers = forwards * (
       1 if layout.stage == 1 else layout.microbatches + layout.stage - 1)
   network = sum(times * roofline.network_seconds(hlo_cost.Collective(
-      kind, params * stored // layout.stage, layout.fsdp))
+      kind, params * stored // layout.stage, layout.fsdp * layout.sequence))
                 for kind, times in (('all-gather', gathers),
                                     ('reduce-scatter', 1)))
+  # A split sequence's keys and values, every layer's whole, each pass.
+  network += forwards * roofline.network_seconds(hlo_cost.Collective(
+      'all-gather', layout.micro * 2 * arch.num_layers * arch.num_kv_heads *
+      arch.head_dim * compute * length, layout.sequence))
   train = max(network, (4 if layout.remat == 'full' else 3) * ticks *
               flops_per_token * tokens / layout.actor / roofline.flops)
   scoring = (plan_lib.logps_calls(config) and (
