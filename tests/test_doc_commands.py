@@ -77,8 +77,9 @@ def fixtures(tmp_path_factory):
 
 def test_the_docs_show_commands_and_datasets():
   where = {w.split(':')[0] for w, _ in commands()}
-  assert {'README.md', 'examples/README.md', 'docs/data.md', 'docs/rl.md',
-          'docs/training.md', 'docs/models.md', 'docs/running.md',
+  assert {'README.md', 'examples/README.md', 'docs/data.md', 'docs/sft.md',
+          'docs/dpo.md', 'docs/distillation.md', 'docs/grpo.md',
+          'docs/ppo.md', 'docs/models.md', 'docs/running.md',
           'docs/cluster.md', 'tunix_pw/configs/sft.py',
           'tunix_pw/configs/grpo.py'} <= where, where
   assert set(jsonl_examples()) == {'gsm8k', 'chat', 'preferences',
