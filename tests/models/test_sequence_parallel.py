@@ -76,17 +76,22 @@ def test_split_tokens_give_the_unsplit_values_and_gradients(ways, adapters):
   assert_unchanged_by(mesh(ways), packed_rows(4, 64), adapters)
 
 
-def test_a_device_holds_about_half_the_activations():
-  """The same 8-device mesh, tokens split over `sequence` or not (the
-  rule emptied): the gradient pass's temporaries (nothing runs)."""
-  rows = packed_rows(4, 1024)
-  split = checkpoints.init(CFG, seed=0, mesh=mesh(),
-                           rules=common.sharding())
-  graphdef, state = nnx.split(split)
+def test_a_device_holds_its_share_of_the_activations():
+  """8 rows of 2,048 tokens on 8 devices: split 4 ways over `sequence`
+  (and 2 over fsdp), a device holds about what a row per device holds
+  (fsdp=8: the same tokens a device), queries and attention scores
+  included; a quarter of what the rows alone split 2 ways hold. The
+  gradient pass's temporaries (nothing runs)."""
+  rows = packed_rows(8, 2048)
 
-  def temp_bytes(length_rule):
-    rules = common.sharding()
-    rules.length = length_rule
-    return objective(graphdef, Sharder(mesh(), rules), *rows).lower(
-        state).compile().memory_analysis().temp_size_in_bytes
-  assert temp_bytes('sequence') < 0.65 * temp_bytes('')
+  def temp_bytes(shape, axes):
+    where = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(shape),
+                              axes)
+    graphdef, state = nnx.split(checkpoints.init(
+        CFG, seed=0, mesh=where, rules=common.sharding()))
+    return objective(graphdef, Sharder(where, common.sharding()),
+                     *rows).lower(state).compile().memory_analysis(
+                     ).temp_size_in_bytes
+  split = temp_bytes((2, 4), ('fsdp', 'sequence'))
+  assert split < 1.4 * temp_bytes((8,), ('fsdp',))
+  assert split < 0.4 * temp_bytes((2, 4), ('fsdp', 'idle'))

@@ -145,7 +145,7 @@ class Layer(nnx.Module):
           for stack, new in zip(cache, (k, v)))
       k, v = (jax.lax.dynamic_index_in_dim(stack, index, keepdims=False)
               for stack in cache)
-    a = self.attn(h, rotation, masks[self.layer_type], (k, v),
+    a = self.attn(h, rotation, masks[self.layer_type], (k, v), shard,
                   with_probs=collect, keys_hs=own_buffers)
     a, probs = a if collect else (a, None)
     if self.post_norms:

@@ -126,12 +126,15 @@ class Attention(nnx.Module):
 
   def __call__(self, x: jax.Array, sin_cos: tuple[jax.Array, jax.Array],
                mask: jax.Array, kv: tuple[jax.Array, jax.Array],
-               with_probs: bool = False, keys_hs: bool = False):
+               shard: Sharder = Sharder(), with_probs: bool = False,
+               keys_hs: bool = False):
     """x [B, T, D]; sin_cos: `rotation`'s at x's positions; kv:
     keys/values [B, K, S, H] (this step's, or the cache after this step's
     write; keys [B, K, H, S] with `keys_hs`); mask [B, T, S] (True =
     attend). Returns the output [B, T, D], and with `with_probs` the
-    attention probabilities [B, heads, T, S] too."""
+    attention probabilities [B, heads, T, S] too. Where `shard` splits
+    the tokens (a sequence axis), each device scores its own queries
+    against every key (the keys and values gathered whole)."""
     cfg = self.cfg
     b, t, d = x.shape
     keys, values = kv
@@ -142,21 +145,39 @@ class Attention(nnx.Module):
     if cfg.qk_norm:
       q = self.q_norm(q)
     q = apply_rope(q, sin_cos) * (cfg.query_scale or h) ** -0.5
-    # Queries of a KV head side by side: [B, K, G*T, H], one batched matmul.
-    q = q.reshape(b, t, k, g, h).transpose(0, 2, 3, 1, 4).reshape(b, k, g * t, h)
+    split_tokens = shard.ways('length') > 1
+    if split_tokens:
+      keys, values = (shard(a, 'batch', 'kv_heads', None, None)
+                      for a in (keys, values))
+    # Queries of a KV head side by side, one batched matmul: [B, K, G*T, H]
+    # (groups outer), or with split tokens [B, K, T*G, H]: a merge keeps
+    # only its outer dimension's split, and the scores would be gathered
+    # whole on every device.
+    order = (0, 2, 1, 3, 4) if split_tokens else (0, 2, 3, 1, 4)
+    q = q.reshape(b, t, k, g, h).transpose(order).reshape(b, k, g * t, h)
     logits = jnp.einsum('BKQH,BKHS->BKQS' if keys_hs else 'BKQH,BKSH->BKQS',
                         q, keys, preferred_element_type=jnp.float32)
     if cfg.attn_softcap:
       logits = jnp.tanh(logits / cfg.attn_softcap) * cfg.attn_softcap
-    logits = jnp.where(mask[:, None, None], logits.reshape(b, k, g, t, s),
-                       MASK_VALUE)
+    grouped = (t, g) if split_tokens else (g, t)
+    logits = logits.reshape(b, k, *grouped, s)
+    if split_tokens:
+      logits = shard(logits, 'batch', 'kv_heads', 'length', None, None)
+    logits = jnp.where(
+        mask[:, None, :, None] if split_tokens else mask[:, None, None],
+        logits, MASK_VALUE)
     probs = jax.nn.softmax(logits, axis=-1).astype(values.dtype)
     out = jnp.einsum('BKQS,BKSH->BKQH', probs.reshape(b, k, g * t, s), values)
-    out = out.reshape(b, k, g, t, h).transpose(0, 3, 1, 2, 4)
+    out = out.reshape(b, k, *grouped, h).transpose(
+        (0, 2, 1, 3, 4) if split_tokens else (0, 3, 1, 2, 4))
     out = (out.reshape(b * t, n * h) @ weight(self, 'o').reshape(n * h, d)
           ).reshape(b, t, d)
+    if not with_probs:
+      return out
     # Heads in the queries' order: KV head by KV head, its group within.
-    return (out, probs.reshape(b, n, t, s)) if with_probs else out
+    if split_tokens:
+      probs = probs.swapaxes(2, 3)
+    return out, probs.reshape(b, n, t, s)
 
 
 class MLP(nnx.Module):
