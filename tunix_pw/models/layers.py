@@ -155,14 +155,16 @@ class Attention(nnx.Module):
     # whole on every device.
     order = (0, 2, 1, 3, 4) if split_tokens else (0, 2, 3, 1, 4)
     q = q.reshape(b, t, k, g, h).transpose(order).reshape(b, k, g * t, h)
+    if split_tokens:  # what the scores follow (constraining them would
+      # keep XLA from fusing their softmax: a larger peak on TPU)
+      q = shard(q, 'batch', 'kv_heads', 'length', None)
+      mask = shard(mask, 'batch', 'length', None)
     logits = jnp.einsum('BKQH,BKHS->BKQS' if keys_hs else 'BKQH,BKSH->BKQS',
                         q, keys, preferred_element_type=jnp.float32)
     if cfg.attn_softcap:
       logits = jnp.tanh(logits / cfg.attn_softcap) * cfg.attn_softcap
     grouped = (t, g) if split_tokens else (g, t)
     logits = logits.reshape(b, k, *grouped, s)
-    if split_tokens:
-      logits = shard(logits, 'batch', 'kv_heads', 'length', None, None)
     logits = jnp.where(
         mask[:, None, :, None] if split_tokens else mask[:, None, None],
         logits, MASK_VALUE)
