@@ -46,7 +46,7 @@ TINY['agentic'] = TINY['grpo'] + ['--config.agent.max_turns=2',
 def recipe(*workdirs: str) -> list[list[str]]:
   """The README commands whose workdirs are /tmp/example_<name>, in order."""
   return [argv for where, argv in commands()
-          if where.startswith('README.md') and any(
+          if where.startswith('examples/README.md') and any(
               a in (f'--workdir=/tmp/example_{w}' for w in workdirs)
               for a in argv)]
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
+import shlex
 import subprocess
 import sys
 
 import pytest
+from xpk.parser import core as xpk_parser
 import yaml
 
 from tests.helpers import ROOT, env, error_lines
@@ -209,8 +212,17 @@ def test_the_readme_launch_commands_run_as_written(tmp_path):
   rendered = [c for c in commands if c.startswith('python launch/xpk.py')]
   assert rendered and all(
       c.startswith(('docker ', "pip install -e '.[launch]'",
-                    'JAX_PLATFORMS=cpu python -m tunix_pw.main '))
+                    'JAX_PLATFORMS=cpu python -m tunix_pw.main ', 'xpk ',
+                    'kubectl '))
       for c in commands if c not in rendered)
+  # xpk's own commands (a cluster's, a workload's) parse with xpk's parser:
+  # their subcommands, flags and names exist.
+  xpk = argparse.ArgumentParser(prog='xpk')
+  xpk_parser.set_parser(parser=xpk)
+  cluster = [c for c in commands if c.startswith('xpk ')]
+  assert len(cluster) >= 3
+  for command in cluster:
+    xpk.parse_args(shlex.split(command, comments=True)[1:])
   bin_dir = os.path.dirname(sys.executable)  # `python` is the test's
   for command in rendered:
     result = subprocess.run(
