@@ -144,15 +144,16 @@ def decode_body(hlo: str, shape: str) -> str:
 
 @pytest.mark.parametrize('family', ['gemma', 'gemma2'])  # 1 and 2 KV heads
 @pytest.mark.parametrize('per_layer', [True, False])
+@pytest.mark.parametrize('rows', [3, 1])
 def test_the_compiled_loop_copies_no_cache_and_sorts_nothing(
-    family, per_layer, tmp_path):
+    family, per_layer, rows, tmp_path):
   """Per decode step each layer's keys and values are written in place and
   attended to where they are: no copy of the cache (a scan that returned it
   as outputs copied every layer's cache each step; on CPU a layer's slice
   of the stacked cache was copied out for its attention, 7% of a small
-  model's step, and a single KV head's buffers read through a reshape were
-  copied twice). On CPU each layer has buffers of its own (keys
-  transposed); elsewhere (`per_layer` False) the stacked ones. Top-p finds
+  model's step, and a single KV head's or a single row's buffers read
+  through a reshape were copied twice). On CPU each layer has buffers of
+  its own (keys transposed); elsewhere (`per_layer` False) the stacked ones. Top-p finds
   its threshold without sorting the vocabulary, and RoPE's angles are
   computed before the loop (XLA computed them inside every rotation, for
   each head: 4%)."""
@@ -164,8 +165,8 @@ def test_the_compiled_loop_copies_no_cache_and_sorts_nothing(
   assert sampler.split_layers
   sampler.split_layers = per_layer
   config = SamplingConfig(max_new_tokens=16, temperature=1.0, top_p=0.9)
-  hlo = sampler.lower(3, 16, config).compile().as_text()
-  cache = Cache.empty(model.cfg, 3, 32)
+  hlo = sampler.lower(rows, 16, config).compile().as_text()
+  cache = Cache.empty(model.cfg, rows, 32)
   name = lambda x: f'f32[{",".join(map(str, x.shape))}]'
   if per_layer:  # the decode step makes its buffers by their writes alone
     split = cache.per_layer()
@@ -190,27 +191,35 @@ def test_the_compiled_loop_copies_no_cache_and_sorts_nothing(
   assert re.search(r'op_name="jit\(_program\)/(sin|cos)"', hlo)
 
 
-def test_on_cpu_the_decode_loop_slices_no_weights(model):
-  """The decode loop reads each layer's weights sliced once per call:
-  XLA:CPU copies a slice of a stacked weight wherever it is read, which was
-  a quarter of a small model's decode step (the weights copied per step)."""
+def test_on_cpu_the_prefill_and_decode_loop_slice_no_weights(model):
+  """The prefill and the decode loop read each layer's weights sliced once
+  per call: XLA:CPU copies a slice of a stacked weight wherever it is read,
+  which was a quarter of a small model's decode step (the weights copied
+  per step), and the prefill's scan over the layers copied each again (a
+  fifth of a one-row call)."""
   sampler = Sampler(model, pad_id=0, eos_ids=())
   config = SamplingConfig(max_new_tokens=16, temperature=1.0)
-  max_new, stops, temperature, top_p, key = sampler._scalars(config)
+  scalars = sampler._scalars(config)
+  max_new, stops, temperature, top_p, key = scalars
   rows = jnp.zeros((3, 16), jnp.int32)
   state = jax.eval_shape(functools.partial(sampler._prefill, cache_size=32,
                                            generations=1),
                          sampler.params, rows, rows, rows, key)
-  hlo = sampler._decode_chunk.lower(
+  decode = sampler._decode_chunk.lower(
       sampler.params, state, 16, max_new, stops, temperature, top_p,
-      cache_size=32, **sampler._statics(config)).compile().as_text()
+      cache_size=32, **sampler._statics(config))
+  whole = sampler._generate.lower(
+      sampler.params, rows, rows, rows, *scalars, cache_size=32,
+      generations=1, **sampler._statics(config))
   stacked = model.groups[0][0].mlp.gate.shape  # [repeats, embed, mlp]
   assert stacked[0] > 1
-  entry = hlo[hlo.index('\nENTRY'):]
-  readers = re.findall(  # the computations that take a stacked weight
-      rf'^%(\S+) \(.*f32\[{",".join(map(str, stacked))}\]', hlo, re.M)
-  assert readers  # the weight is there, by this name
-  assert all(f'calls=%{name}' in entry for name in readers)  # sliced once
+  for program in (decode, whole):
+    hlo = program.compile().as_text()
+    entry = hlo[hlo.index('\nENTRY'):]
+    readers = re.findall(  # the computations that take a stacked weight
+        rf'^%(\S+) \(.*f32\[{",".join(map(str, stacked))}\]', hlo, re.M)
+    assert readers  # the weight is there, by this name
+    assert all(f'calls=%{name}' in entry for name in readers)  # sliced once
 
 
 def test_weights_too_large_to_copy_are_sliced_per_step(model, monkeypatch):

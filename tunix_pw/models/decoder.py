@@ -70,15 +70,15 @@ class Cache:
     """Each layer's keys and values in buffers of their own, for a decode
     loop over `Decoder.split_layers`: each layer then attends to its
     buffers in place, where XLA:CPU copies a layer's slice of the stacked
-    ones out at every decode step. A single KV head's buffers drop that
-    axis: XLA's dots read them so, and a write into a buffer read through
-    that reshape costs two copies of it per step. Keys are stored
+    ones out at every decode step. The buffers drop a batch or head axis
+    of size 1: XLA's dots read them so, and a write into a buffer read
+    through that reshape costs two copies of it per step (a fifth of a
+    one-row decode step of a small model). Keys are stored
     transposed ([B, K, H, S]): XLA:CPU's batched query-key matmul takes
     half the time on them."""
     def split(stacks, layout=lambda x: x):
-      return tuple(tuple(tuple(layout(x[:, 0] if x.shape[1] == 1 else x)
-                               for x in stack) for stack in group)
-                   for group in stacks)
+      return tuple(tuple(tuple(layout(_squeeze_ones(x)) for x in stack)
+                         for stack in group) for group in stacks)
     return self.replace(k=split(self.k, lambda x: jnp.swapaxes(x, -1, -2)),
                         v=split(self.v))
 
@@ -87,6 +87,11 @@ class Cache:
     rows = lambda axis: lambda a: jnp.repeat(a, n, axis=axis)
     return Cache(jax.tree.map(rows(1), self.k), jax.tree.map(rows(1), self.v),
                  rows(0)(self.positions), rows(0)(self.segments))
+
+
+def _squeeze_ones(x: jax.Array) -> jax.Array:
+  """One layer's [B, K, S, H] without its batch and head axes of size 1."""
+  return x.reshape(tuple(n for n in x.shape[:2] if n > 1) + x.shape[2:])
 
 
 def attention_masks(cfg: ModelConfig, q_positions, q_segments, q_slots,

@@ -249,14 +249,15 @@ class Sampler:
     batch, budget = prompts * generations, cache_size - prompt_len
 
     def kv_on_mesh(cache):
-      return cache.replace(
-          k=jax.tree.map(lambda a: shard(a, *_kv_axes(a)), cache.k),
-          v=jax.tree.map(lambda a: shard(a, *_kv_axes(a)), cache.v))
+      on_mesh = lambda a: shard(a, *_kv_axes(a, self.cfg.num_kv_heads))
+      return cache.replace(k=jax.tree.map(on_mesh, cache.k),
+                           v=jax.tree.map(on_mesh, cache.v))
 
     cache = kv_on_mesh(Cache.empty(self.cfg, prompts, cache_size,
                                    self.cache_dtype))
+    layers = model.split_layers() if self.split_layers else None
     logits, cache = model(tokens, positions, segments, cache, 0, shard=shard,
-                          last_only=True)
+                          last_only=True, layers=layers)
     if generations > 1:
       cache = kv_on_mesh(cache.repeat(generations))
       logits, positions = (jnp.repeat(x, generations, axis=0)
@@ -341,10 +342,14 @@ class Sampler:
     return out_tokens, out_logprobs, mask, lengths, state[9]
 
 
-def _kv_axes(kv: jax.Array) -> tuple[str | None, ...]:
+def _kv_axes(kv: jax.Array, kv_heads: int) -> tuple[str | None, ...]:
   """A cache buffer's logical axes: stacked [repeats, B, K, S, H], or one
-  layer's (Cache.per_layer) [B, K, ., .] or, for one KV head, [B, ., .]."""
-  return ('batch', None, None) if kv.ndim == 3 else _KV_AXES[-kv.ndim:]
+  layer's (Cache.per_layer) without its batch and head axes of size 1."""
+  if kv.ndim == len(_KV_AXES):
+    return _KV_AXES
+  heads = ('kv_heads',) if kv_heads > 1 else ()
+  batch = ('batch',) if kv.ndim == len(heads) + 3 else ()
+  return batch + heads + (None, None)
 
 
 def _split_layers(model: Decoder, mesh: Mesh | None) -> bool:
