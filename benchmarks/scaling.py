@@ -1,9 +1,9 @@
 """Scaling curves on this machine, written to a JSON and a PNG.
 
-  sampler  new tokens/s of ours and Tunix's vanilla sampler (the small
-           workload of benchmarks/sampler.py, one device, tokens fetched)
-           against the batch (1-64, 64 new tokens) and against the new
-           tokens (16-256, batch 16);
+  sampler  new tokens/s of ours and Tunix's vanilla sampler (the small and
+           large models of benchmarks/sampler.py, one device, tokens
+           fetched, median of 5 interleaved calls) against the batch (1-64,
+           64 new tokens) and against the new tokens (16-256, batch 4);
   grpo     our GRPO step (benchmarks/grpo_step.py, small workload, 4
            prompts) against the generations per prompt (2-16), by phase;
   reshard  seconds and peak memory growth of a cross-mesh weight transfer
@@ -38,7 +38,8 @@ import sampler as sampler_bench  # pylint: disable=g-import-not-at-top,wrong-imp
 from tunix_pw.models import checkpoints  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BATCHES, NEW_TOKENS = (1, 4, 16, 64), (16, 32, 64, 128, 256)
+BATCHES, NEW_TOKENS = (1, 2, 4, 8, 16, 64), (16, 32, 64, 128, 256)
+WORKLOADS = ('small', 'large')
 GENERATIONS = (2, 4, 8, 16)
 TREES = ((1, 4096), (2, 16384), (4, 16384), (8, 16384), (14, 16384))
 TPUS = ('v5p-128', 'v5p-256', 'v5p-512', 'v5p-1024', 'v5p-2048', 'v5p-4096')
@@ -55,21 +56,23 @@ def child(script: str, *args: str) -> dict:
 
 
 def sampler_curve() -> list[dict]:
-  cfg = sampler_bench.model_config('small')
-  model = checkpoints.init(cfg, seed=0)
-  points = [(b, 64) for b in BATCHES] + [(16, n) for n in NEW_TOKENS
-                                         if n != 64]
   rows = []
-  for batch, new in points:
-    prompts = np.random.default_rng(0).integers(
-        2, cfg.vocab_size, (batch, 32)).tolist()
-    _, (ours, tunix) = sampler_bench.first_and_rates(
-        batch * new, sampler_bench.ours(model, prompts, new),
-        sampler_bench.tunix_peer(model, cfg, prompts, new))
-    rows.append(dict(batch=batch, new_tokens=new,
-                     tokens_per_s=round(ours, 1),
-                     tunix_tokens_per_s=round(tunix, 1)))
-    print(rows[-1], file=sys.stderr, flush=True)
+  for workload in WORKLOADS:
+    cfg = sampler_bench.model_config(workload)
+    model = checkpoints.init(cfg, seed=0)
+    points = [(b, 64) for b in BATCHES] + [(4, n) for n in NEW_TOKENS
+                                           if n != 64]
+    for batch, new in points:
+      prompts = np.random.default_rng(0).integers(
+          2, cfg.vocab_size, (batch, 32)).tolist()
+      _, (ours, tunix) = sampler_bench.first_and_rates(
+          batch * new, sampler_bench.ours(model, prompts, new),
+          sampler_bench.tunix_peer(model, cfg, prompts, new))
+      rows.append(dict(workload=workload, batch=batch, new_tokens=new,
+                       tokens_per_s=round(ours, 1),
+                       tunix_tokens_per_s=round(tunix, 1),
+                       speedup=round(ours / tunix, 2)))
+      print(rows[-1], file=sys.stderr, flush=True)
   return rows
 
 
@@ -133,15 +136,25 @@ def plot(curves: dict, path: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
 
-  samplers = (('tokens_per_s', 'tunix_pw'), ('tunix_tokens_per_s', 'Tunix'))
   if 'sampler' in curves:
-    rows = curves['sampler']
-    lines(batch_ax, [r for r in rows if r['new_tokens'] == 64], 'batch',
-          samplers, 'batch (64 new tokens)', 'new tokens/s',
-          'sampler against batch', log=True)
-    lines(new_ax, [r for r in rows if r['batch'] == 16], 'new_tokens',
-          samplers, 'new tokens (batch 16)', 'new tokens/s',
-          'sampler against new tokens', log=True)
+    for ax, x, fixed, label in ((batch_ax, 'batch', ('new_tokens', 64),
+                                 'batch (64 new tokens)'),
+                                (new_ax, 'new_tokens', ('batch', 4),
+                                 'new tokens (batch 4)')):
+      rows = [r for r in curves['sampler'] if r[fixed[0]] == fixed[1]]
+      series = sorted({r['workload'] for r in rows})
+      for workload in series:
+        mine = sorted((r for r in rows if r['workload'] == workload),
+                      key=lambda r: r[x])
+        ax.plot([r[x] for r in mine], [r['speedup'] for r in mine], 'o-',
+                label=f'{workload} model')
+      ax.axhline(1.5, color='gray', ls='--', label='1.5x')
+      ax.set(xlabel=label, ylabel='new tokens/s, tunix_pw / Tunix',
+             title=f'sampler speedup against {x.replace("_", " ")}')
+      ax.set_ylim(bottom=0)
+      ax.set_xscale('log', base=2)
+      ax.grid(alpha=0.3)
+      ax.legend()
   if 'grpo' in curves:
     rows = curves['grpo']
     x = [r['generations'] for r in rows]
