@@ -15,7 +15,6 @@ from typing import Any
 
 from flax import nnx
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from tunix_pw import checks, registry
@@ -26,26 +25,23 @@ from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.fetch import fetch
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.sharding import Sharder
-from tunix_pw.train import loop, losses, metrics, optim, plans, program, scoring
-from tunix_pw.train import setup
+from tunix_pw.train import loop, losses, metrics, optim, plans, preference
+from tunix_pw.train import program, scoring, setup
 from tunix_pw.train import step as step_lib
 
-SIDES = ('chosen', 'rejected')
-KTO_SIDES = ('completion', 'mismatched')  # see formats.kto_batch
+SIDES = preference.PAIRED
 PAIRED = ('preferences', 'arithmetic')  # data with (held-out) pairs
-
-
-def sides(algorithm: str) -> tuple[str, str]:
-  return KTO_SIDES if algorithm == 'kto' else SIDES
 
 
 def validate(config: Any) -> None:
   checks.at_least_one(config, '--config', 'steps', 'batch_size',
                       'micro_batches', 'log_every', 'eval_batch_size')
   checks.not_negative(config, '--config', 'logits_chunk')
-  kto = config.dpo.algorithm == 'kto'
-  if config.data.name not in PAIRED + (('unpaired',) if kto else ()):
-    also = ", or 'unpaired' (labelled examples)" if kto else ''
+  registry.check('preference_loss', config.dpo.algorithm,
+                 '--config.dpo.algorithm')
+  labelled = bool(preference.get(config.dpo.algorithm).labels)
+  if config.data.name not in PAIRED + (('unpaired',) if labelled else ()):
+    also = ", or 'unpaired' (labelled examples)" if labelled else ''
     raise UsageError(f'--config.data.name={config.data.name!r} has no '
                      "preference pairs; use 'preferences' (or 'arithmetic' "
                      f'for a built-in set){also}.')
@@ -53,8 +49,6 @@ def validate(config: Any) -> None:
   pipeline.check_data_block(config.data)
   optim.check(config.optimizer)
   setup.check_lora_block(config.lora)
-  registry.check('preference_loss', config.dpo.algorithm,
-                 '--config.dpo.algorithm')
   if min(config.dpo.kto_lambda_desirable,
          config.dpo.kto_lambda_undesirable) <= 0:
     raise UsageError('--config.dpo.kto_lambda_desirable and '
@@ -79,42 +73,13 @@ def sequence_logps(model, batch, side: str, shard: Sharder = Sharder(),
   return -(nll * weight).sum(-1), weight.sum(-1)
 
 
-def kto_loss(model, batch, *, beta: float, lambdas: tuple[float, float],
-             shard: Sharder, chunk: int = 0):
-  """KTO's loss over labelled examples; `preferred`: examples whose reward
-  sits on their label's side of the reference point."""
-  (logps, _), (mismatched, _) = (
-      sequence_logps(model, batch, side, shard, chunk) for side in KTO_SIDES)
-  examples = losses.Unpaired(logps, batch['ref_completion'], mismatched,
-                             batch['ref_mismatched'], batch['desirable'])
-  per_example = losses.kto(examples, beta, *lambdas)
-  z0 = losses.kto_reference_point(examples)
-  side = (logps - examples.ref_logps - z0) * (2 * examples.desirable - 1)
-  count = jnp.float32(per_example.shape[0])
-  return per_example.sum(), dict(weight=count, kl=z0 * count,
-                                 preferred=(side > 0).sum().astype(
-                                     jnp.float32))
-
-
-def preference_loss(model, batch, rng, *, algorithm: str, beta: float,
-                    lam: float, kto_lambdas: tuple[float, float] = (1., 1.),
+def preference_loss(model, batch, rng, *, algorithm: preference.Preference,
+                    settings: preference.Settings,
                     shard: Sharder = Sharder(), chunk: int = 0):
   del rng
-  if algorithm == 'kto':
-    return kto_loss(model, batch, beta=beta, lambdas=kto_lambdas, shard=shard,
-                    chunk=chunk)
-  pair = losses.Pair(*sequence_logps(model, batch, 'chosen', shard, chunk),
-                     *sequence_logps(model, batch, 'rejected', shard, chunk),
-                     batch.get('ref_chosen'), batch.get('ref_rejected'))
-  per_pair = registry.get('preference_loss', algorithm)(pair, beta, lam)
-  if algorithm == 'orpo':  # no reference: the mean log-probabilities' margin
-    margin = (pair.chosen / pair.chosen_tokens -
-              pair.rejected / pair.rejected_tokens)
-  else:
-    margin = beta * losses.margin(pair)
-  return per_pair.sum(), dict(weight=jnp.float32(per_pair.shape[0]),
-                              margin=margin.sum(),
-                              preferred=(margin > 0).sum().astype(jnp.float32))
+  return algorithm.loss(
+      {side: sequence_logps(model, batch, side, shard, chunk)
+       for side in algorithm.sides}, batch, settings)
 
 
 def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
@@ -124,10 +89,8 @@ def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
   mesh = meshes['actor']
   return program.build(
       config, mesh, functools.partial(
-          preference_loss, algorithm=config.dpo.algorithm,
-          beta=config.dpo.beta, lam=config.dpo.orpo_lambda,
-          kto_lambdas=(config.dpo.kto_lambda_desirable,
-                       config.dpo.kto_lambda_undesirable),
+          preference_loss, algorithm=preference.get(config.dpo.algorithm),
+          settings=preference.Settings.from_block(config.dpo),
           shard=Sharder(mesh, config.sharding), chunk=config.logits_chunk),
       micro_batches=config.micro_batches, total_updates=config.steps,
       abstract=abstract)
@@ -148,23 +111,21 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
   """The train step, the reference's log-probabilities and the held-out
   evaluation's from shapes, for compile-only checks (pairs of full
   `max_length` rows)."""
-  rules, algorithm = config.sharding, config.dpo.algorithm
+  rules, algorithm = config.sharding, preference.get(config.dpo.algorithm)
   policy = plan(config, meshes, abstract=True)
-  # A KTO batch of pairs holds both sides of each as examples.
-  rows = config.batch_size * (2 if algorithm == 'kto' and
-                              config.data.name in PAIRED else 1)
-  names = sides(algorithm)
+  rows = config.batch_size * (algorithm.examples_per_pair
+                              if config.data.name in PAIRED else 1)
+  names = algorithm.sides
 
   def batch(count: int, names: tuple[str, ...] = names) -> dict[str, Any]:
     return {f'{side}_{key}': ((count, config.data.max_length), np.int32)
             for side in names
             for key in ('tokens', 'positions', 'segment_ids', 'loss_mask')}
 
-  pairs = batch(rows)
-  if algorithm == 'kto':
-    pairs['desirable'] = ((rows,), np.float32)
-  references = {} if algorithm == 'orpo' else {
-      f'ref_{side}': ((rows,), np.float32) for side in names}
+  pairs = {**batch(rows), **{label: ((rows,), np.float32)
+                             for label in algorithm.labels}}
+  references = {f'ref_{side}': ((rows,), np.float32) for side in names
+                if algorithm.reference}
   full_state = nnx.state(policy.model())
   out = plans.Plan(
       {'actor': program.resident(policy)},
@@ -227,20 +188,18 @@ def heldout_pairs(config: Any, name: str, source: Any, tokenizer: Any,
       batch_size=config.eval_batch_size, epochs=1, what=what)
 
 
-def pairwise_accuracy(algorithm: str, policy_logps: Any, reference_logps: Any,
+def pairwise_accuracy(policy_logps: Any, reference_logps: Any,
                       heldout: Any) -> dict[str, float]:
-  """The share of held-out pairs the policy prefers the right way: by the
-  implicit reward margin (pi_c - pi_r) - (ref_c - ref_r), or, for ORPO
-  (no reference), by the mean log-probability per completion token."""
+  """The share of held-out pairs the policy prefers the right way, by
+  `preference.pair_margin` (without a reference (None), per token)."""
   right = total = 0
   for batch in heldout():
-    chosen, rejected = fetch(policy_logps(batch))
-    if algorithm == 'orpo':
-      lengths = [batch[f'{side}_loss_mask'].sum(-1) for side in SIDES]
-      margin = chosen / lengths[0] - rejected / lengths[1]
-    else:
-      ref_chosen, ref_rejected = fetch(reference_logps(batch))
-      margin = (chosen - rejected) - (ref_chosen - ref_rejected)
+    sums = [(logps, batch[f'{side}_loss_mask'].sum(-1))
+            for side, logps in zip(SIDES, fetch(policy_logps(batch)))]
+    references = (() if reference_logps is None else
+                  fetch(reference_logps(batch)))
+    margin = preference.pair_margin(
+        losses.Pair(*sums[0], *sums[1], *references))
     right, total = right + int((margin > 0).sum()), total + margin.size
   return {'eval/pairwise_accuracy': right / max(total, 1),
           'eval/pairs': total}
@@ -250,14 +209,14 @@ def _reference(config: Any, policy: Any, meshes: meshes_lib.RoleMeshes,
                runtime: backend.Runtime) -> tuple[Any, Any]:
   """The reference model's log-probabilities of a host batch: of a train
   batch's sides, and of an evaluation batch of pairs (the same for all but
-  KTO); (None, None) for ORPO, which has no reference."""
-  algorithm = config.dpo.algorithm
-  if algorithm == 'orpo':
+  KTO); (None, None) for an algorithm without one (ORPO)."""
+  algorithm = preference.get(config.dpo.algorithm)
+  if not algorithm.reference:
     return None, None
   scorer = scoring.reference(config, policy, meshes, runtime)
-  train = make_logps(config, scorer.graphdef, scorer.mesh, sides(algorithm))
-  pairs = (make_logps(config, scorer.graphdef, scorer.mesh)
-           if algorithm == 'kto' else train)
+  train = make_logps(config, scorer.graphdef, scorer.mesh, algorithm.sides)
+  pairs = (train if algorithm.sides == SIDES else
+           make_logps(config, scorer.graphdef, scorer.mesh))
   place = lambda batch: pipeline.place(batch, scorer.mesh, config.sharding)
   return (lambda batch: train(scorer.state, place(batch)),
           lambda batch: pairs(scorer.state, place(batch)))
@@ -266,8 +225,8 @@ def _reference(config: Any, policy: Any, meshes: meshes_lib.RoleMeshes,
 def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
         workdir: str, preemption: Preemption) -> None:
   mesh, rules = meshes['actor'], config.sharding
-  algorithm = config.dpo.algorithm
-  kto = algorithm == 'kto'
+  name = config.dpo.algorithm
+  algorithm = preference.get(name)
   policy = plan(config, meshes, abstract=False)
   tokenizer = blocks.tokenizer(config.model)
 
@@ -278,18 +237,15 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
                           runtime)
   data = pair_pipeline(
       config, sources['train'], spec.name, tokenizer, runtime,
-      formats.unpaired_transform if kto else formats.preference_transform,
-      formats.kto_batch if kto else formats.pad_pairs,
-      batch_size=config.batch_size, epochs=None,
+      algorithm.transform, algorithm.batch, batch_size=config.batch_size, epochs=None,
       what=f'the train split of {spec.name}')
-  session = loop.Session(algorithm, config, runtime, workdir, policy.state,
+  session = loop.Session(name, config, runtime, workdir, policy.state,
                          data)
   policy_logps = make_logps(config, policy.full_graphdef, mesh)
 
   @functools.cache  # the last step may be an eval_every step too
   def evaluate(done: int) -> dict[str, float]:
     return session.evaluated(done, lambda: pairwise_accuracy(
-        algorithm,
         lambda batch: policy_logps(nnx.state(policy.model(
             session.state.params)), pipeline.place(batch, mesh, rules)),
         reference_logps, heldout))
@@ -298,24 +254,24 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
     host = session.batch()
     batch = pipeline.place(host, mesh, rules)
     if reference is not None:
-      for side, logps in zip(sides(algorithm), reference(host)):
+      for side, logps in zip(algorithm.sides, reference(host)):
         batch[f'ref_{side}'] = logps
     session.state, step_metrics = policy.train_step(session.state, batch)
     done = index + 1
     if config.eval_every and done % config.eval_every == 0:
       evaluate(done)
     return step_metrics, int(sum((host[f'{side}_segment_ids'] > 0).sum()
-                                 for side in sides(algorithm)))
+                                 for side in algorithm.sides))
 
   session.save(loop.run_steps(session, preemption, step,
-                              ('loss', 'kl' if kto else 'margin')))
+                              ('loss', algorithm.progress)))
   result = evaluate(config.steps)
   session.close()
   if config.export:
     setup.export(config, policy.model(session.state.params))
   if runtime.is_coordinator:
     last = [m for m in metrics.read(workdir) if 'loss' in m][-1]
-    print(f'{algorithm}: loss {last["loss"]:.4f}, preferred '
-          f'{last["preferred"]:.1%} of {"examples" if kto else "pairs"}; '
+    print(f'{name}: loss {last["loss"]:.4f}, preferred '
+          f'{last["preferred"]:.1%} of {algorithm.unit}; '
           f'held-out pairwise accuracy {result["eval/pairwise_accuracy"]:.1%}'
           f' of {int(result["eval/pairs"])} pairs')

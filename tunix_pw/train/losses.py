@@ -1,8 +1,8 @@
-"""Preference losses, registered beside the RL functions
-(`@register('preference_loss', name)`), as pure functions of per-sequence
-log-probabilities: a `Pair` holds the policy's summed completion
-log-probabilities and completion lengths for chosen and rejected
-completions, and the frozen reference's sums (none for ORPO). SFT's loss is
+"""Preference losses as pure functions of per-sequence log-probabilities
+(the algorithms that use them are registered in `preference.py`): a
+`Pair` holds the policy's summed completion log-probabilities and
+completion lengths for chosen and rejected completions, and the frozen
+reference's sums (none for ORPO). SFT's loss is
 token-level (`train.step.token_nll`).
 
 - DPO (Rafailov et al. 2023, arXiv 2305.18290), sigmoid:
@@ -28,8 +28,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-
-from tunix_pw.registry import register
 
 
 class Pair(NamedTuple):
@@ -58,13 +56,11 @@ def margin(pair: Pair) -> jax.Array:
           (pair.ref_chosen - pair.ref_rejected))
 
 
-@register('preference_loss', 'dpo')
 def dpo(pair: Pair, beta: float, lam: float) -> jax.Array:
   del lam
   return -jax.nn.log_sigmoid(beta * margin(pair))
 
 
-@register('preference_loss', 'ipo')
 def ipo(pair: Pair, beta: float, lam: float) -> jax.Array:
   del lam
   return (margin(pair) - 1.0 / (2.0 * beta)) ** 2
@@ -82,7 +78,6 @@ def log_odds(mean_logp: jax.Array) -> jax.Array:
   return mean_logp - jnp.log1p(-jnp.exp(jnp.minimum(mean_logp, -1e-6)))
 
 
-@register('preference_loss', 'orpo')
 def orpo(pair: Pair, beta: float, lam: float) -> jax.Array:
   """ORPO per pair: NLL of the chosen completion (per token) plus lambda
   times the odds-ratio term."""
@@ -100,7 +95,6 @@ def kto_reference_point(batch: Unpaired) -> jax.Array:
       (batch.mismatched - batch.ref_mismatched).mean(), 0.0))
 
 
-@register('preference_loss', 'kto')
 def kto(batch: Unpaired, beta: float, lambda_desirable: float,
         lambda_undesirable: float) -> jax.Array:
   """KTO per example: lambda_y - v(x, y)."""
