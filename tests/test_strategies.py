@@ -9,10 +9,11 @@ import pytest
 
 import tunix_pw
 from tunix_pw import registry
-from tunix_pw.train import preference
+from tunix_pw.train import distill_strategies, preference
 
 PACKAGE = pathlib.Path(tunix_pw.__file__).parent
-HOMES = {'preference_loss': pathlib.Path(preference.__file__)}
+HOMES = {'preference_loss': pathlib.Path(preference.__file__),
+         'distill_strategy': pathlib.Path(distill_strategies.__file__)}
 
 
 def compared(path: pathlib.Path, names: set[str]) -> list[str]:

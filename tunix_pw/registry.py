@@ -11,7 +11,7 @@ from collections.abc import Callable
 from tunix_pw.errors import UsageError
 
 KINDS = ('advantage', 'policy_loss', 'aggregation', 'kl', 'reward',
-         'preference_loss', 'distill_divergence')
+         'preference_loss', 'distill_divergence', 'distill_strategy')
 _REGISTRY: dict[str, dict[str, Callable]] = {kind: {} for kind in KINDS}
 
 

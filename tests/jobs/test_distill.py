@@ -219,7 +219,10 @@ def test_feature_distillation_and_its_projection(tmp_path):
      'layers and the teacher 4'),
     (['--config.distill.strategy=feature', '--config.distill.layers=0-1'],
      "must be student:teacher layer pairs"),
-    (['--config.distill.strategy=hidden'], "strategy='hidden' must be one of"),
+    (['--config.distill.strategy=hidden'],
+     "strategy='hidden' is not a registered distill_strategy; use one of "
+     'attention, feature, logit.'),
+    (['--config.distill.pooling=max'], "pooling='max' must be one of token"),
 ])
 def test_distillation_config_errors(tmp_path, flags, says):
   result = helpers.run_main(DISTILL, *flags, '--check_only',

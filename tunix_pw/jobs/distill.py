@@ -4,7 +4,8 @@ data -> the teacher's outputs on the teacher role's mesh -> moved to the
 actor mesh by the runtime's reshard when the meshes differ -> train step:
 sft_weight x the NLL of the data + weight x the strategy's loss ->
 metrics -> greedy exact-match evaluation -> checkpoint -> preemption
-check. Strategies (`distill.strategy`, losses in train/distill_losses.py):
+check. Strategies (`distill.strategy`, registered in
+train/distill_strategies.py, losses in train/distill_losses.py):
 
 - logit: a divergence between the student's and the teacher's next-token
   distributions at temperature tau (forward KL, reverse KL, JSD), the
@@ -39,11 +40,11 @@ from tunix_pw.rl import rewards
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard, sharding
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.sharding import Sharder
-from tunix_pw.train import distill_losses, plans, program, scoring, setup
-from tunix_pw.train import supervised
+from tunix_pw import registry
+from tunix_pw.train import distill_losses, distill_strategies, plans, program
+from tunix_pw.train import scoring, setup, supervised
 from tunix_pw.train import step as step_lib
 
-STRATEGIES = ('logit', 'attention', 'feature')
 POOLING = ('token', 'mean')
 
 
@@ -52,10 +53,10 @@ def validate(config: Any) -> None:
   rewards.verifier(config.eval_verifier)
   checkpoints.check_model_block(config.teacher, '--config.teacher')
   d = config.distill
-  if d.strategy not in STRATEGIES or d.pooling not in POOLING:
-    raise UsageError(f'--config.distill.strategy={d.strategy!r} must be one '
-                     f'of {", ".join(STRATEGIES)} and pooling='
-                     f'{d.pooling!r} one of {", ".join(POOLING)}.')
+  registry.check('distill_strategy', d.strategy, '--config.distill.strategy')
+  if d.pooling not in POOLING:
+    raise UsageError(f'--config.distill.pooling={d.pooling!r} must be one '
+                     f'of {", ".join(POOLING)}.')
   setup.check_logit_distillation(d)
   if config.logits_chunk:
     raise UsageError(f'--config.logits_chunk={config.logits_chunk} cannot '
@@ -65,46 +66,40 @@ def validate(config: Any) -> None:
     raise UsageError('--config.distill.weight and sft_weight must be at '
                      'least 0, and not both 0.')
   setup.check_same_tokenizer(config.model, config.teacher)
-  if d.strategy != 'logit':
+  if distill_strategies.get(d.strategy).mapped:
     distill_losses.layer_map(config)
 
 
-def rms_normed(x: jax.Array) -> jax.Array:
-  """Scale-free features: each position's vector over its RMS."""
-  return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6)
+def mapped_layers(config: Any, side: int) -> tuple[int, ...]:
+  """The student's (side 0) or the teacher's (1) layers that the strategy
+  compares (none for one that compares no layers)."""
+  if not distill_strategies.get(config.distill.strategy).mapped:
+    return ()
+  return distill_losses.layer_map(config)[side]
+
+
+def forward(model, batch, layers: tuple[int, ...], shard: Sharder):
+  """The logits, and with mapped `layers` their outputs and attention."""
+  args = (batch['tokens'], batch['positions'], batch['segment_ids'])
+  if not layers:
+    return model(*args, shard=shard)[0], None, None
+  logits, outputs, probs = model.internals(*args, shard=shard)
+  layers = jnp.asarray(layers)
+  return logits, outputs[layers], probs[layers]
 
 
 def distill_loss(model, batch, rng, *, d: Any, student_layers: tuple,
                  shard: Sharder = Sharder()):
   """sft_weight x NLL + weight x the strategy's loss, per target token
-  (attention and feature losses: their mean over real positions, counted
-  per target token)."""
+  (a strategy's one loss for every token counts once per target token)."""
   del rng
-  args = (batch['tokens'], batch['positions'], batch['segment_ids'])
-  if d.strategy == 'logit':
-    logits, _ = model(*args, shard=shard)
-  else:
-    logits, outputs, probs = model.internals(*args, shard=shard)
+  logits, outputs, probs = forward(model, batch, student_layers, shard)
   nll, mask, correct = step_lib.token_nll(logits, batch['tokens'],
                                           batch['loss_mask'],
                                           batch['segment_ids'])
-  if d.strategy == 'logit':
-    kd_sum = (distill_losses.logit_loss(logits, batch, d) * mask).sum()
-  else:
-    real = (batch['segment_ids'] > 0).astype(jnp.float32)
-    layers = jnp.asarray(student_layers)
-    if d.strategy == 'attention':
-      per_layer = jax.vmap(distill_losses.attention_transfer,
-                           in_axes=(0, 1, None))(
-                               probs[layers], batch['teacher_attention'], real)
-    else:
-      projected = jnp.einsum('mbts,msd->mbtd', outputs[layers],
-                             model.distill_projection[...])
-      per_layer = jax.vmap(functools.partial(
-          distill_losses.feature, pooling=d.pooling), in_axes=(0, 1, None))(
-              rms_normed(projected), rms_normed(batch['teacher_hidden']),
-              real)
-    kd_sum = per_layer.mean() * mask.sum()  # the mean, per target token
+  kd = distill_strategies.get(d.strategy).loss(model, logits, outputs, probs,
+                                               batch, d)
+  kd_sum = (kd * mask).sum() if kd.ndim else kd * mask.sum()
   return d.sft_weight * (nll * mask).sum() + d.weight * kd_sum, dict(
       weight=mask.sum(), accuracy=(correct * mask).sum(),
       nll=(nll * mask).sum(), kd=kd_sum)
@@ -112,10 +107,9 @@ def distill_loss(model, batch, rng, *, d: Any, student_layers: tuple,
 
 def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
          abstract: bool) -> program.Program:
-  student = (distill_losses.layer_map(config)[0]
-             if config.distill.strategy != 'logit' else ())
   return supervised.plan(config, meshes, abstract=abstract, loss=functools.partial(
-      distill_loss, d=config.distill, student_layers=student))
+      distill_loss, d=config.distill,
+      student_layers=mapped_layers(config, 0)))
 
 
 def teacher_mesh(meshes: meshes_lib.RoleMeshes) -> Any:
@@ -128,37 +122,21 @@ def teacher_program(config: Any, graphdef: Any, mesh: Any):
   mapped layers' attention [B, layers, heads, T, T] or outputs [B, layers,
   T, D]."""
   shard, d = Sharder(mesh, config.sharding), config.distill
-  layers = (jnp.asarray(distill_losses.layer_map(config)[1])
-            if d.strategy != 'logit' else ())
+  layers = mapped_layers(config, 1)
 
   def outputs(state, batch):
-    model = nnx.merge(graphdef, state)
-    args = (batch['tokens'], batch['positions'], batch['segment_ids'])
-    if d.strategy == 'logit':
-      logits, _ = model(*args, shard=shard)
-      return distill_losses.teacher_outputs(logits, d.top_k)
-    _, hidden, probs = model.internals(*args, shard=shard)
-    chosen = (probs if d.strategy == 'attention' else hidden)[layers]
-    return {f'teacher_{"attention" if d.strategy == "attention" else "hidden"}':
-            jnp.moveaxis(chosen, 0, 1)}
+    return distill_strategies.get(d.strategy).teacher(
+        *forward(nnx.merge(graphdef, state), batch, layers, shard), d)
 
   return jax.jit(outputs)
 
 
 def target_shapes(config: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
   """The teacher's outputs for one batch of full rows, as shapes."""
-  d, b, t = config.distill, config.batch_size, config.data.max_length
-  teacher = blocks.architecture(config.teacher)
-  if d.strategy == 'logit':
-    width = d.top_k or teacher.vocab_size
-    return {'teacher_logits': ((b, t, width), np.float32),
-            **({'teacher_indices': ((b, t, width), np.int32)}
-               if d.top_k else {})}
-  layers = len(distill_losses.layer_map(config)[1])
-  if d.strategy == 'attention':
-    return {'teacher_attention': ((b, layers, teacher.num_heads, t, t),
-                                  np.float32)}
-  return {'teacher_hidden': ((b, layers, t, teacher.embed_dim), np.float32)}
+  d = config.distill
+  return distill_strategies.get(d.strategy).shapes(
+      d, config.batch_size, config.data.max_length,
+      blocks.architecture(config.teacher), len(mapped_layers(config, 1)))
 
 
 def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):

@@ -18,7 +18,7 @@ from tunix_pw.models.decoder import Decoder
 from tunix_pw.models.config import ModelConfig
 from tunix_pw.models.tokenizers import Tokenizer
 from tunix_pw.train import checkpoint as checkpoint_lib
-from tunix_pw.train import distill_losses
+from tunix_pw.train import distill_losses, distill_strategies
 
 
 def check_lora_block(block: Any) -> None:
@@ -124,10 +124,11 @@ def attach(model: Decoder, config: Any) -> bool:
     lora.apply(model, config.lora.targets, config.lora.rank,
                config.lora.alpha, seed=config.seed,
                quantize=config.lora.quantize)
-  feature = config.job == 'distill' and config.distill.strategy == 'feature'
-  if feature:
+  projection = config.job == 'distill' and distill_strategies.get(
+      config.distill.strategy).projection
+  if projection:
     distill_losses.attach_projection(model, config)
-  return bool(config.lora.rank or feature)
+  return bool(config.lora.rank or projection)
 
 
 def detach_projection(model: nnx.Module) -> None:
