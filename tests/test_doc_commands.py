@@ -31,7 +31,9 @@ PRINTS = ('list', 'reference', '--print_config')  # run as written
 
 def commands() -> list[tuple[str, list[str]]]:
   """(where, argv after `tunix_pw.main`) of every command in a sh block of
-  the docs, and in the config files' docstrings."""
+  the docs, and in the config files' docstrings; a command's leading
+  PYTHONPATH (paths from the repository's root) is an argv entry of its
+  own, `PYTHONPATH=...`."""
   found = []
   for doc in DOCS + sorted((ROOT / 'tunix_pw/configs').glob('*.py')):
     text = doc.read_text()
@@ -40,10 +42,19 @@ def commands() -> list[tuple[str, list[str]]]:
               else [ast.get_docstring(ast.parse(text)) or ''])
     command = DOC_COMMAND if markdown else COMMAND
     lines = re.sub(r'\\\n\s*', ' ', '\n'.join(blocks)).splitlines()
-    found += [(f'{doc.relative_to(ROOT)}:{i}', shlex.split(m[1],
-                                                           comments=True))
+    found += [(f'{doc.relative_to(ROOT)}:{i}',
+               re.findall(r'^\s*(PYTHONPATH=\S+)', line) +
+               shlex.split(m[1], comments=True))
               for i, line in enumerate(lines) if (m := command.search(line))]
   return found
+
+
+def environment(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+  """argv without its PYTHONPATH entry, and that entry as the run's."""
+  paths = [a.split('=', 1)[1] for a in argv if a.startswith('PYTHONPATH=')]
+  env = {'PYTHONPATH': ':'.join([str(ROOT)] + [
+      str(ROOT / p) for p in paths[0].split(':')])} if paths else {}
+  return [a for a in argv if not a.startswith('PYTHONPATH=')], env
 
 
 def jsonl_examples() -> dict[str, str]:
@@ -92,7 +103,6 @@ def concrete(argv: list[str], fixtures: pathlib.Path,
   fields = dict(a[len('--config.'):].split('=', 1) for a in argv
                 if a.startswith('--config.'))
   config = next(a.split('=', 1)[1] for a in argv if a.startswith('--config='))
-  data = fields.get('data.name') or default_data(config)
   result = []
   for arg in argv:
     name, _, value = arg.partition('=')
@@ -104,6 +114,7 @@ def concrete(argv: list[str], fixtures: pathlib.Path,
       earlier = '/tmp/' in value and not any('=/ckpt/' in a for a in argv)
       arg = f'{name}={fixtures / ("run" if earlier else "hf")}'
     elif field == 'data.manual_dir':
+      data = fields.get('data.name') or default_data(config)
       arg = f'{name}={fixtures / data}'
     elif field == 'prompts_file':
       arg = f'{name}={fixtures / "prompts.jsonl"}'
@@ -120,12 +131,13 @@ def concrete(argv: list[str], fixtures: pathlib.Path,
                          ids=[w for w, _ in commands()])
 def test_a_documented_command_passes_check_only(where, argv, fixtures,
                                                 tmp_path):
+  argv, env = environment(argv)
   if set(argv) & set(PRINTS):
-    result = helpers.run_main(*argv)
+    result = helpers.run_main(*argv, **env)
     assert result.returncode == 0, (where, argv, result.stderr[-2000:])
     assert result.stdout.count('\n') > 10  # what it prints
     return
-  result = helpers.run_main(*concrete(argv, fixtures, tmp_path))
+  result = helpers.run_main(*concrete(argv, fixtures, tmp_path), **env)
   assert result.returncode == 0, (where, argv, result.stderr[-2000:])
   assert 'check_only: the' in result.stdout
   assert not any(tmp_path.iterdir())  # nothing written

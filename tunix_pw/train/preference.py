@@ -79,8 +79,9 @@ def pair_margin(pair: losses.Pair) -> jax.Array:
   return losses.margin(pair)
 
 
-def _paired(per_pair: Callable[[losses.Pair, float, float], jax.Array]):
-  """A loss over pairs from a per-pair function of `losses`."""
+def paired(per_pair: Callable[[losses.Pair, float, float], jax.Array]):
+  """A loss over pairs from a per-pair function (pair, beta, lambda) ->
+  [pairs] (those of `losses`, or one of your own)."""
 
   def loss(logps: SequenceLogps, batch: dict[str, Any], settings: Settings):
     pair = losses.Pair(*logps['chosen'], *logps['rejected'],
@@ -112,11 +113,11 @@ def _kto(logps: SequenceLogps, batch: dict[str, Any], settings: Settings):
 
 
 registry.register('preference_loss', 'dpo')(
-    Preference(PAIRED, _paired(losses.dpo)))
+    Preference(PAIRED, paired(losses.dpo)))
 registry.register('preference_loss', 'ipo')(
-    Preference(PAIRED, _paired(losses.ipo)))
+    Preference(PAIRED, paired(losses.ipo)))
 registry.register('preference_loss', 'orpo')(
-    Preference(PAIRED, _paired(losses.orpo), reference=False))
+    Preference(PAIRED, paired(losses.orpo), reference=False))
 registry.register('preference_loss', 'kto')(Preference(
     UNPAIRED, _kto, labels=('desirable',), examples_per_pair=2,
     transform=formats.unpaired_transform, batch=formats.kto_batch,

@@ -1,0 +1,35 @@
+"""Your own algorithms, registered where tunix_pw looks them up: import
+this module from your config file (docs/extending.md). Each registration
+makes a name that `--config.*` fields accept."""
+
+import jax
+import jax.numpy as jnp
+
+from tunix_pw import registry
+from tunix_pw.train import losses, preference
+
+
+def hinge(pair: losses.Pair, beta: float, lam: float) -> jax.Array:
+  """A hinge on the implicit reward margin (SLiC-HF, Zhao et al. 2023,
+  arXiv 2305.10425): max(0, 1 - beta * margin) per pair."""
+  del lam
+  return jax.nn.relu(1.0 - beta * losses.margin(pair))
+
+
+# --config.dpo.algorithm=hinge: pairs, a reference, this loss.
+registry.register('preference_loss', 'hinge')(
+    preference.Preference(preference.PAIRED, preference.paired(hinge)))
+
+
+@registry.register('advantage', 'median_baseline')
+def median_baseline(rewards: jax.Array) -> jax.Array:
+  """--config.rl.advantage=median_baseline: each reward [prompts,
+  generations] minus its group's median."""
+  return rewards - jnp.median(rewards, axis=1, keepdims=True)
+
+
+@registry.register('reward', 'short_answer')
+def short_answer(sample) -> float:
+  """--config.rl.rewards=short_answer:0.1: 1 for a completion of at most
+  eight words (`sample` is an rl.rewards.Sample)."""
+  return float(len(sample.completion.split()) <= 8)
