@@ -284,11 +284,11 @@ def _stages(config: ml_collections.ConfigDict) -> int:
               if name == meshes.STAGE] + [1])
 
 
-def _check_pipeline(config: ml_collections.ConfigDict) -> dict[str, int]:
+def _check_pipeline(config: ml_collections.ConfigDict,
+                    stages: int) -> dict[str, int]:
   """With pipeline stages: the model's repeated layer blocks (which a
   stage axis must divide: a stage runs a run of them), after checking
   that the micro-batches are at least as many as the stages."""
-  stages = _stages(config)
   if stages == 1 or 'model' not in config:
     return {}
   micro = config.model.pipeline_microbatches
@@ -303,10 +303,10 @@ def _check_pipeline(config: ml_collections.ConfigDict) -> dict[str, int]:
 
 
 def static_checks(config: ml_collections.ConfigDict):
-  job = jobs.get(config.job)
+  job, stages = jobs.get(config.job), _stages(config)
   meshes.check(config.meshes, rules=config.get('sharding'),  # the job's
                divides={meshes.SEQUENCE: _token_lengths(config),
-                        meshes.STAGE: _check_pipeline(config)})  # (a
+                        meshes.STAGE: _check_pipeline(config, stages)})  # (a
   # pipeline's stages have theirs)
   job.validate(config)
   elastic.check(config.runtime.elastic)
@@ -316,7 +316,7 @@ def static_checks(config: ml_collections.ConfigDict):
       _CHECK_ONLY.value):
     raise UsageError('--workdir is required (checkpoints, metrics and the '
                      'config snapshot go there).')
-  if (stages := _stages(config)) > 1 and 'model' in config:
+  if stages > 1 and 'model' in config:
     micro = config.model.pipeline_microbatches
     print(f'pipeline parallelism: the layers in {stages} stages, a pass in '
           f'{micro} micro-batches; each stage idles '
