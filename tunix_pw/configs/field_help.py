@@ -21,8 +21,9 @@ HELP: dict[str, str] = {
     'logits_chunk': 'Positions whose logits the loss (and a reference\'s '
                     'log-probabilities) hold at once: [tokens, vocab] never '
                     'exists whole; 0: about 128 MiB per row, by vocabulary.',
-    'distill:logits_chunk': 'Must be 0: distillation compares whole '
-                            'next-token distributions.',
+    'distill:logits_chunk': 'The logit strategy\'s divergence too (the '
+                            "teacher's outputs cut alike); must be 0 for "
+                            'the attention and feature strategies.',
     'log_every': 'Steps between metric lines on the console and in '
                  'metrics.jsonl / TensorBoard.',
     'eval_every': 'Steps between held-out evaluations; 0: at the start '

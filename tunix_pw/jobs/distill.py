@@ -58,16 +58,17 @@ def validate(config: Any) -> None:
     raise UsageError(f'--config.distill.pooling={d.pooling!r} must be one '
                      f'of {", ".join(POOLING)}.')
   setup.check_logit_distillation(d)
-  if config.logits_chunk:
-    raise UsageError(f'--config.logits_chunk={config.logits_chunk} cannot '
-                     'apply: distillation compares whole next-token '
-                     'distributions (leave it 0).')
   if d.sft_weight < 0 or d.weight + d.sft_weight == 0:
     raise UsageError('--config.distill.weight and sft_weight must be at '
                      'least 0, and not both 0.')
   setup.check_same_tokenizer(config.model, config.teacher)
   if distill_strategies.get(d.strategy).mapped:
     distill_losses.layer_map(config)
+    if config.logits_chunk:
+      raise UsageError(f'--config.logits_chunk={config.logits_chunk} cannot '
+                       f'apply: the {d.strategy} strategy reads every '
+                       "layer's internals with the logits whole (leave it "
+                       '0).')
 
 
 def mapped_layers(config: Any, side: int) -> tuple[int, ...]:
@@ -89,17 +90,28 @@ def forward(model, batch, layers: tuple[int, ...], shard: Sharder):
 
 
 def distill_loss(model, batch, rng, *, d: Any, student_layers: tuple,
-                 shard: Sharder = Sharder()):
+                 shard: Sharder = Sharder(), chunk: int = 0):
   """sft_weight x NLL + weight x the strategy's loss, per target token
-  (a strategy's one loss for every token counts once per target token)."""
+  (a strategy's one loss for every token counts once per target token). A
+  strategy that reads only logits sees them `chunk` positions at a time
+  (`step.model_token_nll`)."""
   del rng
-  logits, outputs, probs = forward(model, batch, student_layers, shard)
-  nll, mask, correct = step_lib.token_nll(logits, batch['tokens'],
-                                          batch['loss_mask'],
-                                          batch['segment_ids'])
-  kd = distill_strategies.get(d.strategy).loss(model, logits, outputs, probs,
-                                               batch, d)
-  kd_sum = (kd * mask).sum() if kd.ndim else kd * mask.sum()
+  strategy = distill_strategies.get(d.strategy)
+  if strategy.mapped:
+    logits, outputs, probs = forward(model, batch, student_layers, shard)
+    nll, mask, correct = step_lib.token_nll(logits, batch['tokens'],
+                                            batch['loss_mask'],
+                                            batch['segment_ids'])
+    kd_sum = strategy.loss(model, logits, outputs, probs, batch,
+                           d) * mask.sum()
+  else:
+    teacher = {k: v for k, v in batch.items() if k.startswith('teacher_')}
+    nll, mask, correct, kd = step_lib.model_token_nll(
+        model, batch['tokens'], batch['positions'], batch['segment_ids'],
+        batch['loss_mask'], shard, chunk, also=(
+            lambda logits, part: strategy.loss(model, logits, None, None,
+                                               part, d), teacher))
+    kd_sum = (kd * mask).sum()
   return d.sft_weight * (nll * mask).sum() + d.weight * kd_sum, dict(
       weight=mask.sum(), accuracy=(correct * mask).sum(),
       nll=(nll * mask).sum(), kd=kd_sum)
@@ -109,7 +121,7 @@ def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
          abstract: bool) -> program.Program:
   return supervised.plan(config, meshes, abstract=abstract, loss=functools.partial(
       distill_loss, d=config.distill,
-      student_layers=mapped_layers(config, 0)))
+      student_layers=mapped_layers(config, 0), chunk=config.logits_chunk))
 
 
 def teacher_mesh(meshes: meshes_lib.RoleMeshes) -> Any:

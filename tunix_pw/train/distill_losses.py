@@ -54,10 +54,19 @@ def logit_loss(student_logits: jax.Array, batch: dict[str, jax.Array],
   """tau^2 x the divergence `d.divergence` of the next-token distributions
   at each position but the last [B, T-1], against the batch's
   `teacher_outputs`."""
-  indices = batch.get('teacher_indices')
-  log_s, log_t = log_probs(
-      student_logits[:, :-1], batch['teacher_logits'][:, :-1],
-      None if indices is None else indices[:, :-1], d.temperature)
+  return logit_divergence(student_logits[:, :-1], {
+      k: v[:, :-1] for k, v in batch.items() if k in TEACHER_LOGITS}, d)
+
+
+TEACHER_LOGITS = ('teacher_logits', 'teacher_indices')
+
+
+def logit_divergence(student_logits: jax.Array,
+                     teacher: dict[str, jax.Array], d: Any) -> jax.Array:
+  """`logit_loss` at every position [B, T] of the student's logits, against
+  the teacher's outputs at the same positions."""
+  log_s, log_t = log_probs(student_logits, teacher['teacher_logits'],
+                           teacher.get('teacher_indices'), d.temperature)
   return d.temperature ** 2 * registry.get('distill_divergence',
                                            d.divergence)(log_s, log_t, d.beta)
 

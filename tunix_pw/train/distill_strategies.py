@@ -35,7 +35,10 @@ class Strategy:
     the batch, batch first.
   loss: (the student model, its logits, its outputs and attention at the
     mapped layers, the batch with the teacher's outputs, the block) ->
-    each target token's loss [B, T], or one loss for every token (a scalar).
+    one loss for every token (a scalar), or, for a strategy that reads
+    only logits (not `mapped`), each position's [B, T] (the last is
+    dropped: it has no target), which it may get a chunk of positions at
+    a time (the teacher's outputs cut alike).
   shapes: (the block, rows, length, the teacher's architecture, the mapped
     layers' count) -> the teacher's outputs as (shape, dtype).
   mapped: compares the layers `distill.layers` maps (the models then run
@@ -83,7 +86,7 @@ registry.register('distill_strategy', 'logit')(Strategy(
     teacher=lambda logits, outputs, probs, d: (
         distill_losses.teacher_outputs(logits, d.top_k)),
     loss=lambda model, logits, outputs, probs, batch, d: (
-        distill_losses.logit_loss(logits, batch, d)),
+        distill_losses.logit_divergence(logits, batch, d)),
     shapes=_logit_shapes, mapped=False))
 
 registry.register('distill_strategy', 'attention')(Strategy(

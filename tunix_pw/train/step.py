@@ -116,45 +116,56 @@ def chunk_size(vocab: int, chunk: int = 0) -> int:
 def by_chunks(model, x: jax.Array, targets: jax.Array,
               reduce: Callable[[jax.Array, jax.Array], tuple[jax.Array, ...]],
               step: int, shard: Sharder = Sharder()) -> tuple[jax.Array, ...]:
-  """`reduce(logits [B, c, V], targets [B, c])` -> arrays [B, c], over the
+  """`reduce(logits [B, c, V], targets)` -> arrays [B, c], over the
   final hidden states x [B, T, D] `step` positions at a time, joined to
-  [B, T]: the LM head's logits exist one chunk at a time, and are
+  [B, T]; `targets` (arrays [B, T, ...], or a tree of them) are cut into
+  the same chunks. The LM head's logits exist one chunk at a time, and are
   recomputed chunk by chunk in the backward pass (`jax.checkpoint`), so
   gradients are exact and [B, T, V] never exists whole."""
-  n, t, d = x.shape
+  n, t, _ = x.shape
   pad = -t % step
-  xs = jnp.pad(x, ((0, 0), (0, pad), (0, 0))).reshape(n, -1, step, d)
-  ts = jnp.pad(targets, ((0, 0), (0, pad))).reshape(n, -1, step)
+
+  def cut(a):  # [B, T, ...] -> [chunks, B, step, ...]
+    a = jnp.pad(a, ((0, 0), (0, pad)) + ((0, 0),) * (a.ndim - 2))
+    return a.reshape((n, -1, step) + a.shape[2:]).swapaxes(0, 1)
 
   @jax.checkpoint
   def one(piece):
     return reduce(model.logits(piece[0], shard), piece[1])
 
-  out = jax.lax.map(one, (xs.swapaxes(0, 1), ts.swapaxes(0, 1)))
+  out = jax.lax.map(one, (cut(x), jax.tree.map(cut, targets)))
   return tuple(a.swapaxes(0, 1).reshape(n, -1)[:, :t] for a in out)
 
 
 def model_token_nll(model, tokens: jax.Array, positions: jax.Array,
                     segment_ids: jax.Array, loss_mask: jax.Array,
-                    shard: Sharder = Sharder(), chunk: int = 0
+                    shard: Sharder = Sharder(), chunk: int = 0,
+                    also: tuple[Callable[..., jax.Array], Any] | None = None
                     ) -> tuple[jax.Array, ...]:
   """`token_nll` of the model's logits, `chunk` positions of them at a time
-  (`chunk_size`; a sequence that fits one chunk takes them whole)."""
+  (`chunk_size`; a sequence that fits one chunk takes them whole). `also`
+  (fn, inputs): fn(logits [B, c, V], inputs at the same positions) ->
+  [B, c], computed on the same logits and returned last, [B, T-1]."""
   x, _ = model.hidden(tokens, positions, segment_ids, shard=shard)
   step = chunk_size(model.cfg.vocab_size, chunk)
   if step >= x.shape[1]:
-    return token_nll(model.logits(x, shard), tokens, loss_mask, segment_ids)
+    logits = model.logits(x, shard)
+    return token_nll(logits, tokens, loss_mask, segment_ids) + (
+        (also[0](logits, also[1])[:, :-1],) if also else ())
 
   def reduce(logits, targets):
+    targets, inputs = targets
     logits = logits.astype(jnp.float32)
     chosen = jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]
     return (jax.nn.logsumexp(logits, axis=-1) - chosen,
-            (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32))
+            (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)) + (
+                (also[0](logits, inputs),) if also else ())
 
-  nll, correct = by_chunks(model, x, jnp.roll(tokens, -1, axis=1), reduce,
-                           step, shard)
+  nll, correct, *more = by_chunks(
+      model, x, (jnp.roll(tokens, -1, axis=1), also and also[1]), reduce,
+      step, shard)
   return (nll[:, :-1], _target_weight(loss_mask, segment_ids),
-          correct[:, :-1])
+          correct[:, :-1], *(m[:, :-1] for m in more))
 
 
 def make_step(graphdef: nnx.GraphDef, frozen: Any, loss_fn: LossFn,
