@@ -219,9 +219,10 @@ HELP: dict[str, str] = {
                             'dropped and counted).',
     'rl.max_new_tokens': 'Tokens a completion may take.',
     'rl.logits_chunk': 'Positions whose logits the log-probability passes '
-                       'and the loss hold at once (the [tokens, vocab] '
-                       'logits never exist whole); 0: about 128 MiB per '
-                       'row, by vocabulary.',
+                       '(on-policy distillation\'s teacher\'s too) and the '
+                       'loss hold at once (the [tokens, vocab] logits never '
+                       'exist whole); 0: about 128 MiB per row, by '
+                       'vocabulary.',
     'rl.temperature': 'Sampling temperature; every log-probability is of '
                       'the tempered policy.',
     'rl.top_p': 'Nucleus sampling (1: off).',

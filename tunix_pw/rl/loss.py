@@ -17,36 +17,24 @@ from tunix_pw.train import step as step_lib
 
 def token_logps(model, tokens, positions, segments,
                 shard: Sharder = Sharder(), temperature: float = 1.0,
-                chunk: int = 0):
+                chunk: int = 0, also: tuple[Any, Any] | None = None):
   """log p(token t+1 | ...) at every position [N, T-1], and the entropy,
-  of the policy at `temperature`; `shard` keeps the activations on the
-  mesh's data axes. The logits exist `rl.logits_chunk` positions at a
-  time (`step_lib.by_chunks`), never [N, T, V] whole."""
-  x, _ = model.hidden(tokens, positions, segments, shard=shard)
-  step = step_lib.chunk_size(model.cfg.vocab_size, chunk)
-  if step >= x.shape[1]:
-    return logps_of(model.logits(x, shard), tokens, temperature)
-  logp, entropy = step_lib.by_chunks(
-      model, x, jnp.roll(tokens, -1, axis=1),
-      lambda logits, targets: _stats(logits, targets, temperature), step,
-      shard)
-  return logp[:, :-1], entropy[:, :-1]
+  of softmax(logits / temperature): the distribution the sampler draws
+  from at that temperature (before top-k and top-p), so that the
+  rollout's, the old, the current and the reference log-probabilities all
+  describe one policy. `shard` keeps the activations on the mesh's data
+  axes. The logits exist `rl.logits_chunk` positions at a time
+  (`step_lib.next_token_stats`), never [N, T, V] whole; `also` (fn,
+  inputs): fn(logits, inputs at the same positions), returned third."""
+  out = step_lib.next_token_stats(
+      model, tokens, positions, segments,
+      lambda logits, targets: logp_entropy(logits, targets, temperature),
+      shard=shard, chunk=chunk, also=also)
+  return jax.tree.map(lambda a: a[:, :-1], out)
 
 
-def logps_of(logits: jax.Array, tokens: jax.Array, temperature: float = 1.0
-             ) -> tuple[jax.Array, jax.Array]:
-  """`token_logps` from the logits [N, T, V]: of softmax(logits / T), the
-  distribution the sampler draws from at temperature T (before top-k and
-  top-p), so that the rollout's, the old, the current and the reference
-  log-probabilities all describe one policy."""
-  # All T positions, cut to T-1 once reduced: a slice of the sharded logits
-  # trips the TPU compiler (libtpu 0.0.42).
-  logp, entropy = _stats(logits, jnp.roll(tokens, -1, axis=1), temperature)
-  return logp[:, :-1], entropy[:, :-1]
-
-
-def _stats(logits: jax.Array, targets: jax.Array, temperature: float
-           ) -> tuple[jax.Array, jax.Array]:
+def logp_entropy(logits: jax.Array, targets: jax.Array, temperature: float
+                 ) -> tuple[jax.Array, jax.Array]:
   """log p(targets) and the entropy at each position of softmax(logits /
   temperature). Reductions over the vocabulary only, which XLA fuses: no
   log-softmax is materialised."""
@@ -67,14 +55,13 @@ def rl_loss(model, batch, rng, *, rl: Any, distill: Any = None,
   position adds weight x the divergence of the whole next-token
   distributions (GKD's on-policy term, Agarwal et al. 2024)."""
   del rng
-  if 'teacher_logits' in batch:  # the whole distributions are compared
-    logits, _ = model(batch['tokens'], batch['positions'],
-                      batch['segment_ids'], shard=shard)
-    logp, entropy = logps_of(logits, batch['tokens'], rl.temperature)
-  else:
-    logp, entropy = token_logps(model, batch['tokens'], batch['positions'],
-                                batch['segment_ids'], shard, rl.temperature,
-                                rl.logits_chunk)
+  teacher = {k: v for k, v in batch.items()
+             if k in distill_losses.TEACHER_LOGITS}
+  logp, entropy, *kd = token_logps(
+      model, batch['tokens'], batch['positions'], batch['segment_ids'],
+      shard, rl.temperature, rl.logits_chunk,
+      (lambda logits, t: distill_losses.logit_divergence(logits, t, distill),
+       teacher) if teacher else None)
   mask = batch['loss_mask'][:, 1:].astype(jnp.float32)
   old = batch.get('old_logps', jax.lax.stop_gradient(logp))
   per_token, clipped = registry.get('policy_loss', rl.policy_loss)(
@@ -85,10 +72,8 @@ def rl_loss(model, batch, rng, *, rl: Any, distill: Any = None,
   if 'ref_logps' in batch and not rl.get('kl_in_reward', False):
     kl = registry.get('kl', rl.kl)(logp, batch['ref_logps'])
     per_token = per_token + rl.kl_beta * kl
-  kd = jnp.zeros_like(logp)
-  if 'teacher_logits' in batch:
-    kd = distill_losses.logit_loss(logits, batch, distill)
-    per_token = per_token + distill.weight * kd
+  if teacher:  # the whole distributions are compared
+    per_token = per_token + distill.weight * kd[0]
   if rl.get('entropy_coef', 0.0):  # a bonus: higher entropy, lower loss
     per_token = per_token - rl.entropy_coef * entropy
   aggregate = registry.get('aggregation', rl.aggregation)
@@ -100,5 +85,5 @@ def rl_loss(model, batch, rng, *, rl: Any, distill: Any = None,
                     clip_fraction=(clipped * live).sum() * share,
                     kl=(kl * live).sum() * share,
                     entropy=(entropy * live).sum() * share,
-                    **({'distill': (kd * live).sum() * share}
-                       if 'teacher_logits' in batch else {}))
+                    **({'distill': (kd[0] * live).sum() * share}
+                       if teacher else {}))

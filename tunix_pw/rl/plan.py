@@ -22,6 +22,7 @@ from tunix_pw.runtime import meshes as meshes_lib, reshard
 from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.sampling.rollout import SamplingConfig
 from tunix_pw.train import distill_losses, plans, program, scoring
+from tunix_pw.train import step as step_lib
 
 
 def total_updates(config: Any) -> int:
@@ -51,17 +52,21 @@ def whole_distributions(config: Any) -> bool:
 def make_teacher(config: Any, mesh, graphdef):
   """jitted (teacher state, sequences) -> on-policy distillation's teacher
   outputs on `mesh`: its log-probabilities of the sampled tokens
-  (`ref_logps`) and, for `whole_distributions`, its logits (top-k)."""
+  (`ref_logps`) and, for `whole_distributions`, its logits (top-k), from
+  `rl.logits_chunk` positions of its logits at a time."""
   shard = Sharder(mesh, config.sharding)
+  whole = whole_distributions(config)
+
+  def reduce(logits, targets):
+    logp = loss_lib.logp_entropy(logits, targets, config.rl.temperature)[0]
+    return (logp, distill_losses.teacher_outputs(
+        logits, config.distill.top_k)) if whole else (logp,)
 
   def outputs(state, b):
-    logits, _ = nnx.merge(graphdef, state)(
-        b['tokens'], b['positions'], b['segment_ids'], shard=shard)
-    out = dict(ref_logps=loss_lib.logps_of(logits, b['tokens'],
-                                           config.rl.temperature)[0])
-    if whole_distributions(config):
-      out.update(distill_losses.teacher_outputs(logits, config.distill.top_k))
-    return out
+    logp, *whole = step_lib.next_token_stats(
+        nnx.merge(graphdef, state), b['tokens'], b['positions'],
+        b['segment_ids'], reduce, shard=shard, chunk=config.rl.logits_chunk)
+    return dict(ref_logps=logp[:, :-1], **(whole[0] if whole else {}))
 
   return jax.jit(outputs)
 

@@ -49,22 +49,14 @@ def teacher_outputs(logits: jax.Array, k: int) -> dict[str, jax.Array]:
   return dict(teacher_logits=values, teacher_indices=indices)
 
 
-def logit_loss(student_logits: jax.Array, batch: dict[str, jax.Array],
-               d: Any) -> jax.Array:
-  """tau^2 x the divergence `d.divergence` of the next-token distributions
-  at each position but the last [B, T-1], against the batch's
-  `teacher_outputs`."""
-  return logit_divergence(student_logits[:, :-1], {
-      k: v[:, :-1] for k, v in batch.items() if k in TEACHER_LOGITS}, d)
-
-
 TEACHER_LOGITS = ('teacher_logits', 'teacher_indices')
 
 
 def logit_divergence(student_logits: jax.Array,
                      teacher: dict[str, jax.Array], d: Any) -> jax.Array:
-  """`logit_loss` at every position [B, T] of the student's logits, against
-  the teacher's outputs at the same positions."""
+  """tau^2 x the divergence `d.divergence` of the student's and the
+  teacher's next-token distributions at each position [B, T], against the
+  teacher's outputs (`teacher_outputs`) at the same positions."""
   log_s, log_t = log_probs(student_logits, teacher['teacher_logits'],
                            teacher.get('teacher_indices'), d.temperature)
   return d.temperature ** 2 * registry.get('distill_divergence',

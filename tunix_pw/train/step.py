@@ -90,11 +90,16 @@ def token_nll(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array,
   """Next-token negative log-likelihood on masked targets, per position
   [B, T-1]; a target counts when it is masked in and in the same segment as
   its predecessor (packed rows). Returns (nll, weight, correct)."""
-  logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32))
-  targets = tokens[:, 1:]
-  nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-  correct = (jnp.argmax(logp, axis=-1) == targets).astype(jnp.float32)
+  nll, correct = _nll(logits[:, :-1], tokens[:, 1:])
   return nll, _target_weight(loss_mask, segment_ids), correct
+
+
+def _nll(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, ...]:
+  """-log p(targets) and whether each is the most likely token, per
+  position."""
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+  nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+  return nll, (jnp.argmax(logp, axis=-1) == targets).astype(jnp.float32)
 
 
 def _target_weight(loss_mask: jax.Array, segment_ids: jax.Array) -> jax.Array:
@@ -113,15 +118,16 @@ def chunk_size(vocab: int, chunk: int = 0) -> int:
   return chunk or max(16, CHUNK_BYTES // (4 * vocab))
 
 
-def by_chunks(model, x: jax.Array, targets: jax.Array,
-              reduce: Callable[[jax.Array, jax.Array], tuple[jax.Array, ...]],
-              step: int, shard: Sharder = Sharder()) -> tuple[jax.Array, ...]:
-  """`reduce(logits [B, c, V], targets)` -> arrays [B, c], over the
-  final hidden states x [B, T, D] `step` positions at a time, joined to
-  [B, T]; `targets` (arrays [B, T, ...], or a tree of them) are cut into
-  the same chunks. The LM head's logits exist one chunk at a time, and are
-  recomputed chunk by chunk in the backward pass (`jax.checkpoint`), so
-  gradients are exact and [B, T, V] never exists whole."""
+def by_chunks(model, x: jax.Array, inputs: Any,
+              reduce: Callable[[jax.Array, Any], Any],
+              step: int, shard: Sharder = Sharder()) -> Any:
+  """`reduce(logits [B, c, V], inputs at those positions)` -> a tree of
+  arrays [B, c, ...], over the final hidden states x [B, T, D] `step`
+  positions at a time, joined to [B, T, ...]; `inputs` (a tree of arrays
+  [B, T, ...]) are cut into the same chunks. The LM head's logits exist one
+  chunk at a time, and are recomputed chunk by chunk in the backward pass
+  (`jax.checkpoint`), so gradients are exact and [B, T, V] never exists
+  whole."""
   n, t, _ = x.shape
   pad = -t % step
 
@@ -129,12 +135,44 @@ def by_chunks(model, x: jax.Array, targets: jax.Array,
     a = jnp.pad(a, ((0, 0), (0, pad)) + ((0, 0),) * (a.ndim - 2))
     return a.reshape((n, -1, step) + a.shape[2:]).swapaxes(0, 1)
 
+  def join(a):  # [chunks, B, step, ...] -> [B, T, ...]
+    return a.swapaxes(0, 1).reshape((n, -1) + a.shape[3:])[:, :t]
+
   @jax.checkpoint
   def one(piece):
     return reduce(model.logits(piece[0], shard), piece[1])
 
-  out = jax.lax.map(one, (cut(x), jax.tree.map(cut, targets)))
-  return tuple(a.swapaxes(0, 1).reshape(n, -1)[:, :t] for a in out)
+  return jax.tree.map(join, jax.lax.map(one, (cut(x), jax.tree.map(cut,
+                                                                    inputs))))
+
+
+def next_token_stats(model, tokens: jax.Array, positions: jax.Array,
+                     segment_ids: jax.Array,
+                     reduce: Callable[[jax.Array, jax.Array], Any], *,
+                     shard: Sharder = Sharder(), chunk: int = 0,
+                     also: tuple[Callable[..., Any], Any] | None = None
+                     ) -> tuple[Any, ...]:
+  """`reduce(logits [B, c, V], next tokens [B, c])` -> a tuple of arrays
+  [B, c, ...], over the model's logits for tokens [B, T] `chunk` positions
+  at a time (`chunk_size`; a sequence that fits one chunk takes them
+  whole), joined to [B, T, ...]. Position t's target is token t+1; the
+  last position's wraps round to the first token, so callers drop it.
+  `also` (fn, inputs): fn(logits, inputs at the same positions) -> a tree
+  of arrays, appended to reduce's outputs."""
+  x, _ = model.hidden(tokens, positions, segment_ids, shard=shard)
+
+  def reduce_also(logits, pieces):
+    targets, inputs = pieces
+    return (*reduce(logits, targets),
+            *((also[0](logits, inputs),) if also else ()))
+
+  # All T positions, cut to T-1 by callers once reduced: a slice of the
+  # sharded logits trips the TPU compiler (libtpu 0.0.42).
+  pieces = (jnp.roll(tokens, -1, axis=1), also and also[1])
+  step = chunk_size(model.cfg.vocab_size, chunk)
+  if step >= x.shape[1]:
+    return reduce_also(model.logits(x, shard), pieces)
+  return by_chunks(model, x, pieces, reduce_also, step, shard)
 
 
 def model_token_nll(model, tokens: jax.Array, positions: jax.Array,
@@ -143,27 +181,12 @@ def model_token_nll(model, tokens: jax.Array, positions: jax.Array,
                     also: tuple[Callable[..., jax.Array], Any] | None = None
                     ) -> tuple[jax.Array, ...]:
   """`token_nll` of the model's logits, `chunk` positions of them at a time
-  (`chunk_size`; a sequence that fits one chunk takes them whole). `also`
-  (fn, inputs): fn(logits [B, c, V], inputs at the same positions) ->
-  [B, c], computed on the same logits and returned last, [B, T-1]."""
-  x, _ = model.hidden(tokens, positions, segment_ids, shard=shard)
-  step = chunk_size(model.cfg.vocab_size, chunk)
-  if step >= x.shape[1]:
-    logits = model.logits(x, shard)
-    return token_nll(logits, tokens, loss_mask, segment_ids) + (
-        (also[0](logits, also[1])[:, :-1],) if also else ())
-
-  def reduce(logits, targets):
-    targets, inputs = targets
-    logits = logits.astype(jnp.float32)
-    chosen = jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]
-    return (jax.nn.logsumexp(logits, axis=-1) - chosen,
-            (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)) + (
-                (also[0](logits, inputs),) if also else ())
-
-  nll, correct, *more = by_chunks(
-      model, x, (jnp.roll(tokens, -1, axis=1), also and also[1]), reduce,
-      step, shard)
+  (`next_token_stats`). `also` (fn, inputs): fn(logits [B, c, V], inputs
+  at the same positions) -> [B, c], computed on the same logits and
+  returned last, [B, T-1]."""
+  nll, correct, *more = next_token_stats(
+      model, tokens, positions, segment_ids, _nll, shard=shard, chunk=chunk,
+      also=also)
   return (nll[:, :-1], _target_weight(loss_mask, segment_ids),
           correct[:, :-1], *(m[:, :-1] for m in more))
 
