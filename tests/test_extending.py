@@ -37,6 +37,17 @@ def test_a_registered_advantage_and_reward_run_grpo(tmp_path):
   assert all(0.0 <= m['reward/short_answer'] <= 1.0 for m in steps)
 
 
+def test_a_registered_token_advantage_runs_on_policy_distillation(tmp_path):
+  """`teacher_favoured` keeps log pi_T - log pi_S only where it is
+  positive: the first step's loss (the ratio is 1, so minus the mean
+  advantage) is below 0, where on-policy distillation's own is the
+  student's KL to the teacher, above 0."""
+  [first] = run('my_on_policy_distill.py', tmp_path, '--config.steps=1',
+                '--config.teacher.preset=tiny-llama3',
+                '--config.distill.weight=0', '--config.eval_examples=0')
+  assert first['loss'] < 0 < first['kl']
+
+
 def test_without_the_import_the_name_is_a_config_error(tmp_path):
   result = helpers.run_main(
       '--config=tunix_pw/configs/dpo.py:runlocal',

@@ -8,11 +8,13 @@ import pathlib
 import pytest
 
 import tunix_pw
-from tunix_pw import registry
+from tunix_pw import jobs, registry
+from tunix_pw.rl import functions
 from tunix_pw.train import distill_strategies, preference
 
 PACKAGE = pathlib.Path(tunix_pw.__file__).parent
-HOMES = {'preference_loss': pathlib.Path(preference.__file__),
+HOMES = {'advantage': pathlib.Path(functions.__file__),
+         'preference_loss': pathlib.Path(preference.__file__),
          'distill_strategy': pathlib.Path(distill_strategies.__file__)}
 
 
@@ -30,7 +32,8 @@ def compared(path: pathlib.Path, names: set[str]) -> list[str]:
 
 @pytest.mark.parametrize('kind', sorted(HOMES))
 def test_no_strategy_name_is_compared_outside_its_registration(kind):
-  names = set(registry.names(kind))
+  # 'grpo' names a job too, which the pipeline's stages compare.
+  names = set(registry.names(kind)) - set(jobs._JOBS)  # pylint: disable=protected-access
   assert len(names) > 1
   found = [hit for path in sorted(PACKAGE.rglob('*.py'))
            if path != HOMES[kind] for hit in compared(path, names)]

@@ -2,10 +2,13 @@
 this module from your config file (docs/extending.md). Each registration
 makes a name that `--config.*` fields accept."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
 from tunix_pw import registry
+from tunix_pw.rl import functions
 from tunix_pw.train import losses, preference
 
 
@@ -26,6 +29,16 @@ def median_baseline(rewards: jax.Array) -> jax.Array:
   """--config.rl.advantage=median_baseline: each reward [prompts,
   generations] minus its group's median."""
   return rewards - jnp.median(rewards, axis=1, keepdims=True)
+
+
+# --config.rl.advantage=teacher_favoured with grpo.py's distill variant:
+# on-policy distillation's token advantage log pi_T - log pi_S, kept only
+# where the teacher favours the sampled token more than the student does,
+# so the student is pulled towards the teacher's choices and never pushed
+# off its own.
+registry.register('advantage', 'teacher_favoured')(dataclasses.replace(
+    registry.get('advantage', 'on_policy_distill'),
+    of_logps=lambda teacher, student: jax.nn.relu(teacher - student)))
 
 
 @registry.register('reward', 'short_answer')

@@ -197,7 +197,8 @@ def test_unknown_names_are_config_errors():
   with pytest.raises(UsageError, match="'ppo' is not a registered"):
     registry.check('policy_loss', 'ppo', '--config.rl.policy_loss')
   assert registry.names('advantage') == [
-      'drgrpo', 'grpo', 'reinforce++', 'reinforce++-baseline', 'rloo']
+      'drgrpo', 'gae', 'grpo', 'on_policy_distill', 'reinforce++',
+      'reinforce++-baseline', 'rloo']
 
 
 def test_gae_over_the_completion_tokens():

@@ -22,7 +22,7 @@ import numpy as np
 from tunix_pw.agents import envs as envs_lib, episodes as episodes_lib, runs
 from tunix_pw.data import pipeline
 from tunix_pw.errors import InfrastructureError, UsageError
-from tunix_pw.rl import config_checks, phases, trainer
+from tunix_pw.rl import config_checks, functions, phases, trainer
 from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.train import plans, setup
@@ -39,7 +39,7 @@ def validate(config: Any) -> None:
     if agent[field] <= 0:
       raise UsageError(f'--config.agent.{field}={agent[field]} must be '
                        'positive.')
-  if rl.dynamic_sampling or rl.advantage in phases.PER_TOKEN or (
+  if rl.dynamic_sampling or functions.token_advantage(rl.advantage) or (
       config.mixture):
     raise UsageError('agentic RL compares the episodes of a group by their '
                      'rewards: it takes no --config.rl.dynamic_sampling, '

@@ -21,8 +21,8 @@ from flax import nnx
 
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints
-from tunix_pw.rl import config_checks, critic as critic_lib, phases
-from tunix_pw.rl import plan as plan_lib, trainer
+from tunix_pw.rl import config_checks, critic as critic_lib, functions
+from tunix_pw.rl import phases, plan as plan_lib, trainer
 from tunix_pw.runtime import backend, meshes as meshes_lib
 from tunix_pw.runtime.fetch import fetch
 from tunix_pw.runtime.preemption import Preemption
@@ -43,7 +43,8 @@ class State:
 
 def validate(config: Any) -> None:
   rl, block = config.rl, config.critic
-  if rl.advantage != phases.GAE:
+  source = functions.token_advantage(rl.advantage)
+  if source is None or source.scorer != 'critic':
     raise UsageError(f'--config.rl.advantage={rl.advantage!r}: PPO\'s '
                      'advantages are its critic\'s; use gae (or '
                      'tunix_pw/configs/grpo.py for group advantages).')

@@ -8,8 +8,8 @@ from typing import Any
 from tunix_pw import checks, registry
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints
-from tunix_pw.rl import asynchronous, functions, phases, prompts as prompts_lib
-from tunix_pw.rl import rewards
+from tunix_pw.rl import asynchronous, functions, plan as plan_lib
+from tunix_pw.rl import prompts as prompts_lib, rewards
 from tunix_pw.runtime import meshes as meshes_lib
 from tunix_pw.train import evaluate, optim, setup
 
@@ -32,22 +32,19 @@ def validate(config: Any) -> None:
   rl = config.rl
   check_importance(rl)
   asynchronous.check(config)
-  kinds = [('policy_loss', rl.policy_loss), ('aggregation', rl.aggregation),
-           ('kl', rl.kl)]
-  if rl.advantage not in phases.PER_TOKEN:
-    kinds.append(('advantage', rl.advantage))
-  elif rl.advantage == phases.GAE and config.job != 'ppo':
-    raise UsageError('--config.rl.advantage=gae needs a critic: train with '
-                     'tunix_pw/configs/ppo.py.')
-  elif rl.advantage == phases.DISTILL:
+  for kind in ('advantage', 'policy_loss', 'aggregation', 'kl'):
+    registry.check(kind, rl[kind], f'--config.rl.{kind}')
+  source = functions.token_advantage(rl.advantage)
+  if source and source.scorer not in config:
+    raise UsageError(f'--config.rl.advantage={rl.advantage} needs a '
+                     f'{source.scorer}: {source.setup}.')
+  if plan_lib.from_teacher(rl):
     check_teacher(config)
-  for kind, name in kinds:
-    registry.check(kind, name, f'--config.rl.{kind}')
   samples = rl.prompts_per_step * rl.num_generations
   if rl.dynamic_sampling and rl.num_generations < 2:
     raise UsageError('--config.rl.dynamic_sampling drops groups of equal '
                      'rewards; it needs --config.rl.num_generations >= 2.')
-  if rl.num_generations < (1 if rl.advantage in phases.PER_TOKEN else 2):
+  if rl.num_generations < (1 if source else 2):
     raise UsageError('--config.rl.num_generations must be at least 2 (a '
                      'group needs others to compare with).')
   if samples % rl.mini_batch_size or rl.mini_batch_size % rl.micro_batch_size:
@@ -94,10 +91,6 @@ def check_importance(rl: Any) -> None:
 
 def check_teacher(config: Any) -> None:
   """On-policy distillation's teacher and its `distill` settings."""
-  if 'teacher' not in config:
-    raise UsageError('--config.rl.advantage=on_policy_distill needs a '
-                     'teacher: use tunix_pw/configs/grpo.py:<preset>,'
-                     'distill and name it in --config.teacher.')
   checkpoints.check_model_block(config.teacher, '--config.teacher')
   setup.check_same_tokenizer(config.model, config.teacher)
   if 'distill' in config:

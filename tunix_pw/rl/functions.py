@@ -8,9 +8,13 @@ Shapes: rewards [P, G] (P prompts, G generations each); per-token arrays
 
 from __future__ import annotations
 
+from collections.abc import Callable
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
+from tunix_pw import registry
 from tunix_pw.registry import register
 
 EPS = 1e-6
@@ -58,6 +62,42 @@ def reinforce_pp_baseline_advantage(rewards: jax.Array) -> jax.Array:
   subtracted, then normalised over the whole batch (a batch std, not a
   group std: no blow-up on groups of nearly equal rewards)."""
   return _whiten(drgrpo_advantage(rewards))
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenAdvantage:
+  """Advantages each token gets after the rollout from another model's
+  scores, not from its group's rewards: registered beside the group
+  advantages, as what a job needs for them."""
+
+  scorer: str  # the config block of the model that scores the tokens
+  setup: str  # how a config gets that model (for the error naming it)
+  needs: tuple[str, ...] = ()  # the per-token arrays an update needs
+  # (teacher's, student's log-probabilities) -> the advantages; None: the
+  # job computes them with its scorer (PPO's critic, by `gae` below).
+  of_logps: Callable[[jax.Array, jax.Array], jax.Array] | None = None
+
+
+register('advantage', 'gae')(TokenAdvantage(
+    'critic', 'train with tunix_pw/configs/ppo.py'))
+# On-policy distillation's: log pi_teacher - log pi_student of each sampled
+# token (the negative of the per-token reverse KL).
+register('advantage', 'on_policy_distill')(TokenAdvantage(
+    'teacher', 'use tunix_pw/configs/grpo.py:<preset>,distill and name it '
+    'in --config.teacher', ('ref_logps', 'old_logps'),
+    lambda teacher, student: teacher - student))
+
+
+def token_advantage(name: str) -> TokenAdvantage | None:
+  """The registered advantage `name` if it is a token advantage."""
+  found = (registry.get('advantage', name)
+           if name in registry.names('advantage') else None)
+  return found if isinstance(found, TokenAdvantage) else None
+
+
+def group_advantage(name: str) -> Callable[[jax.Array], jax.Array] | None:
+  """The registered advantage `name` if it is of a group's rewards."""
+  return None if token_advantage(name) else registry.get('advantage', name)
 
 
 # ------------------------------------------------------------ policy losses

@@ -26,7 +26,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tunix_pw import registry
 from tunix_pw.rl import batch as batch_lib, functions
 from tunix_pw.runtime import reshard, sharding
 from tunix_pw.runtime.fetch import fetch
@@ -34,12 +33,6 @@ from tunix_pw.sampling.rollout import SamplingConfig
 from tunix_pw.train import metrics
 
 
-GAE = 'gae'  # rl.advantage of PPO: per-token advantages from its critic
-# rl.advantage of on-policy distillation: per-token advantages from a
-# teacher, log pi_teacher - log pi_student of each sampled token (the
-# negative of the per-token reverse KL).
-DISTILL = 'on_policy_distill'
-PER_TOKEN = (GAE, DISTILL)  # advantages that come after the rollout
 SEQUENCES = ('tokens', 'positions', 'segment_ids')  # a forward pass's input
 
 
@@ -94,11 +87,9 @@ def on_mesh(arrays: dict[str, Any], mesh: Any, rules: Any) -> dict[str, Any]:
 def training_arrays(result: Rollout, rl: Any, length: int,
                     pad_id: int) -> dict[str, np.ndarray]:
   """tokens, masks, positions, weights per sample (host), and the group
-  advantages (PPO's come later, from its critic)."""
-  return batch_lib.to_arrays(
-      result.groups, result.weights, length, pad_id,
-      None if rl.advantage in PER_TOKEN
-      else registry.get('advantage', rl.advantage))
+  advantages (token advantages come later, from their scorer)."""
+  return batch_lib.to_arrays(result.groups, result.weights, length, pad_id,
+                             functions.group_advantage(rl.advantage))
 
 
 def chunked_logps(program: Callable, state: Any, arrays: dict[str, Any],

@@ -14,10 +14,9 @@ from flax import nnx
 import jax
 import numpy as np
 
-from tunix_pw import registry
 from tunix_pw.models import blocks, checkpoints, value
-from tunix_pw.rl import batch as batch_lib, judge, loss as loss_lib, phases
-from tunix_pw.rl import reward_model
+from tunix_pw.rl import batch as batch_lib, functions, judge, loss as loss_lib
+from tunix_pw.rl import phases, reward_model
 from tunix_pw.runtime import meshes as meshes_lib, reshard
 from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.sampling.rollout import SamplingConfig
@@ -42,10 +41,17 @@ def make_logps(config: Any, mesh, graphdef):
       config.rl.logits_chunk)[0])
 
 
+def from_teacher(rl: Any) -> bool:
+  """Whether the advantages are on-policy distillation's: from a
+  teacher's scores, computed on the reference role."""
+  source = functions.token_advantage(rl.advantage)
+  return source is not None and source.scorer == 'teacher'
+
+
 def whole_distributions(config: Any) -> bool:
   """Whether on-policy distillation adds the divergence of the teacher's
   and the student's whole next-token distributions (`distill.weight`)."""
-  return (config.rl.advantage == phases.DISTILL and 'distill' in config
+  return (from_teacher(config.rl) and 'distill' in config
           and config.distill.weight > 0)
 
 
@@ -85,18 +91,19 @@ def teacher_shapes(config: Any, count: int
 
 def needed_keys(rl: Any) -> tuple[str, ...]:
   """The per-token arrays an update needs beyond the rollout's: the
-  reference's log-probabilities (for the KL term; on-policy distillation's
-  teacher's, for its advantages), the trainer's at rollout
-  time (when a rollout feeds several updates, to compare with the rollout
-  engine's, or for PPO's KL reward penalty), and importance weights (TIS
-  or MIS)."""
+  reference's log-probabilities (for the KL term, or a token advantage's
+  scorer's), the trainer's at rollout time (when a rollout feeds several
+  updates, to compare with the rollout engine's, for PPO's KL reward
+  penalty, or for a token advantage), and importance weights (TIS or
+  MIS)."""
   samples = rl.prompts_per_step * rl.num_generations
   kl_reward = rl.kl_beta and rl.get('kl_in_reward', False)  # PPO's
-  distill = rl.advantage == phases.DISTILL  # the teacher's, the student's
-  return (('ref_logps',) if rl.kl_beta or distill else ()) + (
+  source = functions.token_advantage(rl.advantage)
+  needs = source.needs if source else ()
+  return (('ref_logps',) if rl.kl_beta or 'ref_logps' in needs else ()) + (
       ('old_logps',) if rl.num_iterations > 1 or rl.mini_batch_size < samples
       or importance_weighted(rl) or rl.mismatch_metrics or kl_reward
-      or distill else ()) + (
+      or 'old_logps' in needs else ()) + (
           ('is_weights',) if importance_weighted(rl) else ())
 
 
@@ -147,9 +154,8 @@ def batch_shapes(config: Any, count: int, mesh: Any,
                           [False] * rl.num_generations,
                           np.zeros(rl.num_generations), {},
                           [[0.0]] * rl.num_generations)
-  arrays = batch_lib.to_arrays(
-      [group], [1.0], length, 0, None if rl.advantage in phases.PER_TOKEN
-      else registry.get('advantage', rl.advantage))
+  arrays = batch_lib.to_arrays([group], [1.0], length, 0,
+                               functions.group_advantage(rl.advantage))
   shapes = {k: ((count,) + v.shape[1:], v.dtype) for k, v in arrays.items()
             if keys is None or k in keys}
   shapes.update({k: ((count, length - 1), np.float32) for k in token_names})
@@ -251,7 +257,7 @@ def to_actor_transfer(config: Any, meshes: meshes_lib.RoleMeshes,
   source = {k: scoring.reference_mesh(config, meshes) if k == 'ref_logps'
             else actor for k in programs.needed if k != 'is_weights'}
   shapes = {k: ((count, length), np.float32) for k in source}
-  if rl.advantage == phases.DISTILL:
+  if from_teacher(rl):
     shapes.update(teacher_shapes(config, count))
     source.update({k: source['ref_logps'] for k in shapes})
   sources = {k: plans.batch_on(source[k], rules, {k: v})[k]

@@ -23,7 +23,7 @@ from tunix_pw import console
 from tunix_pw.models import blocks
 from tunix_pw.rl import asynchronous, batch as batch_lib, judge as judge_lib
 from tunix_pw.rl import plan as plan_lib, prompts as prompts_lib
-from tunix_pw.rl import phases, reward_model, rewards
+from tunix_pw.rl import functions, phases, reward_model, rewards
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.sampling.sampler import Sampler, make_sampler
@@ -108,9 +108,11 @@ def training_inputs(parts: Parts, state: Any, result: phases.Rollout,
         result, rl, rl.max_prompt_length + rl.max_new_tokens,
         parts.tokenizer.pad_id)
     extra = log_probs(parts, state, arrays)
-    if rl.advantage == phases.DISTILL:  # each token's, from the teacher
+    source = functions.token_advantage(rl.advantage)
+    if source and source.of_logps:  # each token's, from its scorer's
       scale = config.distill.token_weight if 'distill' in config else 1.0
-      extra['advantages'] = scale * (extra['ref_logps'] - extra['old_logps'])
+      extra['advantages'] = scale * source.of_logps(extra['ref_logps'],
+                                                    extra['old_logps'])
     weights, mismatch = phases.rollout_correction(
         result, arrays, extra.get('old_logps'), rl)
   preemption.check(stop)
@@ -150,7 +152,7 @@ def engines(config: Any, runtime: backend.Runtime,
   tokenizer = blocks.tokenizer(config.model)
   sampler = rollout_engine(config, programs, tokenizer, meshes, runtime)
   reference = reference_logps = None
-  if config.rl.advantage == phases.DISTILL:
+  if plan_lib.from_teacher(config.rl):
     reference = scoring.from_block(
         config.teacher, scoring.reference_mesh(config, meshes),
         config.sharding, config.seed)
@@ -326,7 +328,7 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes,
       program.train_phase(policy, plan_lib.batch_shapes(
           config, rl.mini_batch_size, policy.mesh,
           token_names=programs.needed + (
-              ('advantages',) if rl.advantage in phases.PER_TOKEN
+              ('advantages',) if functions.token_advantage(rl.advantage)
               else ()))),
       *generation(config, rollout_model, rollout_mesh),
       *plan_lib.scorer_phases(config, meshes, resident)]
@@ -337,7 +339,7 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes,
   if 'old_logps' in programs.needed:
     plan_phases.append(plans.logps_phase(
         'old logps', meshes, policy.mesh, full_state, rules, lower_logps))
-  if rl.advantage == phases.DISTILL:
+  if plan_lib.from_teacher(rl):
     plan_phases.append(plan_lib.teacher_phase(config, meshes, resident))
   elif 'ref_logps' in programs.needed:
     plans.reference_phase(config, meshes, full_state, lower_logps, out)
