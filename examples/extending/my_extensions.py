@@ -8,7 +8,6 @@ import jax
 import jax.numpy as jnp
 
 from tunix_pw import registry
-from tunix_pw.rl import functions
 from tunix_pw.train import losses, preference
 
 
