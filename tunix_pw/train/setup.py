@@ -124,8 +124,8 @@ def attach(model: Decoder, config: Any) -> bool:
     lora.apply(model, config.lora.targets, config.lora.rank,
                config.lora.alpha, seed=config.seed,
                quantize=config.lora.quantize)
-  projection = config.job == 'distill' and distill_strategies.get(
-      config.distill.strategy).projection
+  strategy = config.get('distill', {}).get('strategy')  # the distill job's
+  projection = strategy and distill_strategies.get(strategy).projection
   if projection:
     distill_losses.attach_projection(model, config)
   return bool(config.lora.rank or projection)
