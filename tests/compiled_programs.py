@@ -103,8 +103,8 @@ def _planned_first(name: str, job: Any) -> None:
 
 def main() -> None:
   out = sys.argv.pop(1)
-  from tunix_pw import jobs, main as main_lib  # pylint: disable=g-import-not-at-top
-  for name in jobs._JOBS:  # pylint: disable=protected-access
+  from tunix_pw import jobs, main as main_lib, registry  # pylint: disable=g-import-not-at-top
+  for name in registry.names('job'):
     job = jobs.get(name)
     if hasattr(job, 'compile_plan'):
       _planned_first(name, job)

@@ -48,6 +48,14 @@ def test_a_registered_token_advantage_runs_on_policy_distillation(tmp_path):
   assert first['loss'] < 0 < first['kl']
 
 
+def test_a_registered_environment_and_tool_make_warm_up_episodes(tmp_path):
+  """`adder`'s demonstrations call the `add` tool, which really runs: the
+  warm-up trains on them (a tool that added wrongly would fail the run:
+  a demonstration must solve its example)."""
+  steps = run('my_agent_warmup.py', tmp_path, '--config.eval_examples=8')
+  assert [m['step'] for m in steps] == [1, 2]
+
+
 def test_without_the_import_the_name_is_a_config_error(tmp_path):
   result = helpers.run_main(
       '--config=tunix_pw/configs/dpo.py:runlocal',

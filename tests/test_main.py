@@ -19,7 +19,7 @@ SMOKE = 'tunix_pw/configs/smoke.py'
     (['--config=missing.py'], 'no readable config file'),
     ([f'--config={SMOKE}', '--config.stpes=3'], "did you mean 'steps'"),
     ([f'--config={SMOKE}', '--config.steps=abc'], 'is not a valid int'),
-    ([f'--config={SMOKE}', '--config.job=foo'], "--config.job='foo' is unknown"),
+    ([f'--config={SMOKE}', '--config.job=foo'], "--config.job='foo' is not a registered job"),
     ([f'--config={SMOKE}', '--config.model.preset=huge'],
      "--config.model.preset='huge' is unknown"),
     ([f'--config={SMOKE}', '--config.batch_size=30'], 'does not divide'),

@@ -1,30 +1,34 @@
-"""Name -> function registries: `@register('advantage', 'grpo')`.
+"""Name -> object registries, one per kind: `@register('advantage',
+'grpo')`. Losses, advantages, rewards, strategies, environments, agent
+tools and jobs are all registered here.
 
-Configs name functions; `check` turns an unknown name into a config error
+Configs name them; `check` turns an unknown name into a config error
 listing the registered ones.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from tunix_pw.errors import UsageError
 
 KINDS = ('advantage', 'policy_loss', 'aggregation', 'kl', 'reward',
-         'preference_loss', 'distill_divergence', 'distill_strategy')
-_REGISTRY: dict[str, dict[str, Callable]] = {kind: {} for kind in KINDS}
+         'preference_loss', 'distill_divergence', 'distill_strategy',
+         'environment', 'tool', 'job')
+_REGISTRY: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
 
 
-def register(kind: str, name: str) -> Callable[[Callable], Callable]:
-  def decorate(fn: Callable) -> Callable:
+def register(kind: str, name: str) -> Callable[[Any], Any]:
+  def decorate(entry: Any) -> Any:
     if name in _REGISTRY[kind]:
       raise ValueError(f'{kind} {name!r} is registered twice')
-    _REGISTRY[kind][name] = fn
-    return fn
+    _REGISTRY[kind][name] = entry
+    return entry
   return decorate
 
 
-def get(kind: str, name: str) -> Callable:
+def get(kind: str, name: str) -> Any:
   return _REGISTRY[kind][name]
 
 

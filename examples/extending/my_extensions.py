@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from tunix_pw import registry
+from tunix_pw.agents import calls, envs, tools
 from tunix_pw.train import losses, preference
 
 
@@ -45,3 +46,29 @@ def short_answer(sample) -> float:
   """--config.rl.rewards=short_answer:0.1: 1 for a completion of at most
   eight words (`sample` is an rl.rewards.Sample)."""
   return float(len(sample.completion.split()) <= 8)
+
+
+@tools.tool
+def add(a: int, b: int) -> str:
+  """Adds two integers."""
+  return str(a + b)
+
+
+@envs.environment('adder')
+def adder(agent, tokenizer, executor) -> envs.Task:
+  """--config.agent.env=adder with --config.agent.tools=add: addition
+  problems ('48213+91725='), answered with the `add` tool; the
+  demonstration (SFT warm-up data) calls it on the two operands."""
+  toolbox = tools.get(agent.tools)
+  opening, template_vars = calls.tool_context(tokenizer, toolbox,
+                                              agent.call_format)
+
+  def demonstration(example) -> list[str]:
+    a, b = (int(x) for x in example['question'].rstrip('=').split('+'))
+    call = calls.Call('add', dict(a=a, b=b))
+    return [calls.render(agent.call_format, call), add(a, b)]
+
+  return envs.Task(lambda: envs.ToolEnv(
+      toolbox, agent.call_format, agent.max_turns, agent.tool_timeout,
+      executor, opening, agent.malformed_reward), template_vars,
+                   demonstration)

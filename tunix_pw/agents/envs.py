@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from absl import logging
 import numpy as np
 
-from tunix_pw import sandbox
+from tunix_pw import registry, sandbox
 from tunix_pw.agents import calls as calls_lib, tools as tools_lib
 from tunix_pw.errors import UsageError
 from tunix_pw.rl import rewards
@@ -173,6 +173,25 @@ class Task:
   demonstration: Callable[[dict[str, Any]], list[str]]  # right model turns
 
 
+@dataclasses.dataclass(frozen=True)
+class Environment:
+  """What `--config.agent.env` names: `setup(agent, tokenizer, executor)`
+  -> the run's Task; `sandboxed`: its episodes run code in the sandbox,
+  which is checked before the run."""
+
+  setup: Callable[..., Task]
+  sandboxed: bool = False
+
+
+def environment(name: str, sandboxed: bool = False):
+  """Registers a Task's setup function as environment `name`."""
+  def decorate(setup: Callable[..., Task]) -> Callable[..., Task]:
+    registry.register('environment', name)(Environment(setup, sandboxed))
+    return setup
+  return decorate
+
+
+@environment('calculator')
 def calculator(agent: Any, tokenizer: Any,
                executor: concurrent.futures.Executor) -> Task:
   """Arithmetic problems ('48213+91725=') with a calculator tool."""
@@ -192,6 +211,7 @@ def calculator(agent: Any, tokenizer: Any,
               template_vars, demonstration)
 
 
+@environment('answer')
 def answer(agent: Any, tokenizer: Any,
            executor: concurrent.futures.Executor) -> Task:
   """Questions answered at once, no tools (self-correction's base)."""
@@ -251,6 +271,7 @@ class CodeEnv:
                 solved=all(passed))
 
 
+@environment('code', sandboxed=True)
 def code(agent: Any, tokenizer: Any,
          executor: concurrent.futures.Executor) -> Task:
   """Python functions checked by unit tests in the sandbox (the `code`
@@ -261,19 +282,13 @@ def code(agent: Any, tokenizer: Any,
               lambda example: [f'```python\n{example["answer"]}\n```'])
 
 
-ENVS: dict[str, Callable[..., Task]] = {'calculator': calculator,
-                                        'answer': answer, 'code': code}
-
-
 def check(agent: Any) -> None:
-  if agent.env not in ENVS:
-    raise UsageError(f'--config.agent.env={agent.env!r} is not a registered '
-                     f'environment; use one of {", ".join(sorted(ENVS))}.')
+  registry.check('environment', agent.env, '--config.agent.env')
   if agent.call_format not in calls_lib.FORMATS:
     raise UsageError(f'--config.agent.call_format={agent.call_format!r} must '
                      f'be one of {", ".join(calls_lib.FORMATS)}.')
   tools_lib.get(agent.tools)
-  if agent.env == 'code':
+  if registry.get('environment', agent.env).sandboxed:
     sandbox.check_available()
   if not 0 <= agent.max_sandbox_failures <= 1:
     raise UsageError('--config.agent.max_sandbox_failures='
@@ -292,7 +307,8 @@ def task(agent: Any, tokenizer: Any,
          executor: concurrent.futures.Executor) -> Task:
   """--config.agent.env's task (with retries: agent.attempts > 1)."""
   check(agent)
-  base = ENVS[agent.env](agent, tokenizer, executor)
+  base = registry.get('environment', agent.env).setup(agent, tokenizer,
+                                                     executor)
   if agent.attempts <= 1:
     return base
   return dataclasses.replace(base, new=lambda: Retry(

@@ -20,6 +20,7 @@ import inspect
 import operator
 from typing import Any
 
+from tunix_pw import registry
 from tunix_pw.errors import UsageError
 
 _JSON_TYPES = {str: 'string', int: 'integer', float: 'number',
@@ -49,9 +50,6 @@ class Tool:
     return f'{self.name}({args}): {self.description}'
 
 
-_TOOLS: dict[str, Tool] = {}
-
-
 def describe(fn: Callable[..., Any]) -> Tool:
   """`fn` as a tool; every argument needs a JSON type hint."""
   hints = inspect.get_annotations(fn, eval_str=True)
@@ -67,9 +65,7 @@ def describe(fn: Callable[..., Any]) -> Tool:
 
 def tool(fn: Callable[..., Any]) -> Callable[..., Any]:
   """Registers `fn` as a tool under its name."""
-  if fn.__name__ in _TOOLS:
-    raise ValueError(f'tool {fn.__name__!r} is registered twice')
-  _TOOLS[fn.__name__] = describe(fn)
+  registry.register('tool', fn.__name__)(describe(fn))
   return fn
 
 
@@ -77,10 +73,10 @@ def get(names: str, field: str = '--config.agent.tools') -> list[Tool]:
   """The tools of a comma-separated list of names."""
   out = []
   for name in filter(None, (n.strip() for n in names.split(','))):
-    if name not in _TOOLS:
+    if name not in registry.names('tool'):
       raise UsageError(f'{field} names {name!r}, not a registered tool; use '
-                       f'one of {", ".join(sorted(_TOOLS))}.')
-    out.append(_TOOLS[name])
+                       f'one of {", ".join(registry.names("tool"))}.')
+    out.append(registry.get('tool', name))
   return out
 
 

@@ -2,7 +2,8 @@
 
 A job is a module with `validate(config)` (static checks, no devices) and
 `run(config, runtime, meshes, workdir)` (one explicit loop). `config.job`
-picks it; modules are imported only when chosen.
+picks it; the registry holds each job's module path, and a module is
+imported only when chosen.
 """
 
 from __future__ import annotations
@@ -10,27 +11,13 @@ from __future__ import annotations
 import importlib
 import types
 
-from tunix_pw.errors import UsageError
+from tunix_pw import registry
 
-_JOBS = {
-    'agentic': 'tunix_pw.jobs.agentic',
-    'data': 'tunix_pw.jobs.data',
-    'distill': 'tunix_pw.jobs.distill',
-    'dpo': 'tunix_pw.jobs.dpo',
-    'eval': 'tunix_pw.jobs.eval',
-    'generate': 'tunix_pw.jobs.generate',
-    'grpo': 'tunix_pw.jobs.grpo',
-    'pairs': 'tunix_pw.jobs.pairs',
-    'pipeline': 'tunix_pw.jobs.pipeline',
-    'ppo': 'tunix_pw.jobs.ppo',
-    'reward_model': 'tunix_pw.jobs.reward_model',
-    'sft': 'tunix_pw.jobs.sft',
-    'smoke': 'tunix_pw.jobs.smoke',
-}
+for _name in ('agentic', 'data', 'distill', 'dpo', 'eval', 'generate', 'grpo',
+              'pairs', 'pipeline', 'ppo', 'reward_model', 'sft', 'smoke'):
+  registry.register('job', _name)(f'tunix_pw.jobs.{_name}')
 
 
 def get(name: str) -> types.ModuleType:
-  if name not in _JOBS:
-    raise UsageError(f'--config.job={name!r} is unknown; use one of '
-                     f'{", ".join(sorted(_JOBS))}.')
-  return importlib.import_module(_JOBS[name])
+  registry.check('job', name, '--config.job')
+  return importlib.import_module(registry.get('job', name))
