@@ -1,6 +1,6 @@
 """Name -> object registries, one per kind: `@register('advantage',
-'grpo')`. Losses, advantages, rewards, strategies, environments, agent
-tools and jobs are all registered here.
+'grpo')`. Losses, advantages, rewards, verifiers, strategies,
+environments, agent tools and jobs are all registered here.
 
 Configs name them; `check` turns an unknown name into a config error
 listing the registered ones.
@@ -15,7 +15,7 @@ from tunix_pw.errors import UsageError
 
 KINDS = ('advantage', 'policy_loss', 'aggregation', 'kl', 'reward',
          'preference_loss', 'distill_divergence', 'distill_strategy',
-         'environment', 'tool', 'job')
+         'verifier', 'environment', 'tool', 'job')
 _REGISTRY: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
 
 

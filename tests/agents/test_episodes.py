@@ -11,6 +11,7 @@ import pytest
 from tests.models import tiny_tokenizers as tiny
 from tunix_pw.agents import calls, envs, episodes
 from tunix_pw.configs import agentic
+from tunix_pw.errors import UsageError
 from tunix_pw.models import tokenizers
 from tunix_pw.rl import batch
 
@@ -238,3 +239,26 @@ def test_practice_needs_retries_and_numeric_answers(pool):
   with pytest.raises(Exception, match='end in a number'):
     envs.wrong_start(task, dict(question='Name it.', answer='blue'),
                      np.random.default_rng(0))
+
+
+@pytest.mark.parametrize('name, solved, word', [
+    ('exact_answer', False, 'too high'), ('math_equal', True, ''),
+    ('exact', False, 'wrong')])
+def test_the_agents_verifier_judges_its_answers(name, solved, word, pool):
+  """`agent.verifier`: a boxed fraction is right by value for math_equal;
+  exact_answer reads its last number (2, too high), exact its text."""
+  config = agent('gemma')
+  config.update(env='answer', tools='', verifier=name)
+  env = envs.task(config, tokenizers.CharTokenizer(), pool).new()
+  env.reset(dict(question='Half of one?', answer='0.5'))
+  step = asyncio.run(env.step('So it is \\boxed{\\frac{1}{2}}'))
+  assert (step.solved, step.reward, step.feedback) == (solved, float(solved),
+                                                       word)
+
+
+def test_an_unknown_agent_verifier_is_a_config_error(pool):
+  config = agent('gemma')
+  config.verifier = 'vibes'
+  with pytest.raises(UsageError, match="--config.agent.verifier='vibes' is "
+                     'not a registered verifier'):
+    envs.task(config, tokenizers.CharTokenizer(), pool)

@@ -31,8 +31,8 @@ def test_an_unknown_verifier_exits_2(tmp_path):
                             '--config.verifier=vibes', f'--workdir={tmp_path}')
   assert result.returncode == 2
   assert helpers.error_lines(result.stderr) == [
-      "error: --config.verifier='vibes' is not a verifier; use one of "
-      'exact_answer, math_equal, exact.']
+      "error: --config.verifier='vibes' is not a registered verifier; use "
+      'one of exact, exact_answer, math_equal.']
 
 
 def test_pass_at_k_of_a_trained_model(trained_sft, tmp_path):

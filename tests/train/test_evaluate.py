@@ -59,5 +59,5 @@ def test_math_answers_are_judged_by_value():
   assert math.right('First x, then \\boxed{\\frac{1}{2}}', '0.5')
   assert math.answer('so \\boxed{0.50}') == '0.50'
   assert rewards.verifier('', 'exact_answer:1') is NUMBERS
-  with pytest.raises(rewards.UsageError, match='not a verifier'):
+  with pytest.raises(rewards.UsageError, match='not a registered verifier'):
     rewards.verifier('nope')

@@ -30,6 +30,7 @@ from tunix_pw import registry, sandbox
 from tunix_pw.agents import calls as calls_lib, tools as tools_lib
 from tunix_pw.errors import UsageError
 from tunix_pw.rl import rewards
+from tunix_pw.train.evaluate import Verifier
 
 Message = dict[str, str]
 
@@ -54,23 +55,13 @@ class Env(Protocol):
   async def step(self, model_turn: str) -> Step: ...
 
 
-def verdict(text: str, answer: str) -> tuple[float, str]:
-  """(1.0 when the last number of `text` is `answer`'s, else 0.0; the
-  verifier's word on a wrong one: too high, too low or no number)."""
-  got, want = rewards.number(text), rewards.number(answer)
-  if got is None or want is None:
-    return 0.0, 'no number'
-  return float(got == want), ('' if got == want else
-                              'too high' if got > want else 'too low')
-
-
 @dataclasses.dataclass
 class ToolEnv:
   """Tools, called in `fmt`'s format, until the model answers or runs out
   of turns (`failed='out_of_turns'`: the collector adds the failure
-  reward). Answers are right (reward 1, solved) when their last number is
-  the example's answer; a turn whose call does not parse earns
-  `malformed_reward`."""
+  reward). Answers are right (reward 1, solved) by `verifier` (by
+  default when their last number is the example's answer); a turn whose
+  call does not parse earns `malformed_reward`."""
 
   tools: list[tools_lib.Tool]
   fmt: str
@@ -79,6 +70,7 @@ class ToolEnv:
   executor: concurrent.futures.Executor
   opening: list[Message] = dataclasses.field(default_factory=list)
   malformed_reward: float = 0.0
+  verifier: Verifier = rewards.EXACT_ANSWER
 
   def reset(self, example: dict[str, Any]) -> list[Message]:
     self.answer, self.turns = example['answer'], 0
@@ -93,9 +85,9 @@ class ToolEnv:
       observation = [calls_lib.result_message(self.fmt, f'error: {e}')]
     else:
       if not calls:
-        score, feedback = verdict(model_turn, self.answer)
-        return Step(None, score, True, {'answers': 1}, feedback,
-                    solved=score == 1.0)
+        right, feedback = self.verifier.verdict(model_turn, self.answer)
+        return Step(None, float(right), True, {'answers': 1}, feedback,
+                    solved=right)
       by_name = {t.name: t for t in self.tools}
       results = await asyncio.gather(*(
           tools_lib.run(by_name, c.name, c.arguments, self.tool_timeout,
@@ -207,7 +199,7 @@ def calculator(agent: Any, tokenizer: Any,
 
   return Task(lambda: ToolEnv(tools, agent.call_format, agent.max_turns,
                               agent.tool_timeout, executor, opening,
-                              agent.malformed_reward),
+                              agent.malformed_reward, judge(agent)),
               template_vars, demonstration)
 
 
@@ -217,8 +209,14 @@ def answer(agent: Any, tokenizer: Any,
   """Questions answered at once, no tools (self-correction's base)."""
   del tokenizer
   return Task(lambda: ToolEnv([], agent.call_format, agent.max_turns,
-                              agent.tool_timeout, executor), {},
+                              agent.tool_timeout, executor,
+                              verifier=judge(agent)), {},
               lambda example: [example['answer']])
+
+
+def judge(agent: Any) -> Verifier:
+  """--config.agent.verifier: how an environment judges answers."""
+  return rewards.verifier(agent.verifier, field='--config.agent.verifier')
 
 
 _FENCE = re.compile(r'```(?:python)?\n(.*?)```', re.DOTALL)
@@ -284,6 +282,7 @@ def code(agent: Any, tokenizer: Any,
 
 def check(agent: Any) -> None:
   registry.check('environment', agent.env, '--config.agent.env')
+  judge(agent)
   if agent.call_format not in calls_lib.FORMATS:
     raise UsageError(f'--config.agent.call_format={agent.call_format!r} must '
                      f'be one of {", ".join(calls_lib.FORMATS)}.')

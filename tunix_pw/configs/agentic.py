@@ -33,6 +33,9 @@ def agent_block(call_format: str) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       env='calculator',  # a registered environment (agents/envs.py)
       tools='calculator',  # comma-separated registered tools
+      # How the calculator and answer environments judge an answer: a
+      # registered verifier (exact_answer, math_equal, exact).
+      verifier='exact_answer',
       call_format=call_format,  # qwen | llama | gemma (agents/calls.py)
       max_turns=4,  # model turns per episode
       max_concurrent=64,  # episodes in flight

@@ -298,6 +298,10 @@ HELP: dict[str, str] = {
     # Agents.
     'agent.env': 'A registered environment (agents/envs.py).',
     'agent.tools': 'Comma-separated registered tools.',
+    'agent.verifier': 'How an answer is judged (the calculator and answer '
+                      'environments): exact_answer (its last number), '
+                      'math_equal or exact; its word on a wrong answer is '
+                      'a retry\'s {feedback}.',
     'agent.call_format': 'Tool-call format: qwen, llama or gemma.',
     'agent.max_turns': 'Model turns per episode.',
     'agent.max_concurrent': 'Episodes in flight.',

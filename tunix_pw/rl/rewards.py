@@ -19,7 +19,7 @@ import numpy as np
 from tunix_pw import registry
 from tunix_pw.errors import UsageError
 from tunix_pw.rl import math_equal as math_lib
-from tunix_pw.train.evaluate import EXACT, Verifier
+from tunix_pw.train.evaluate import Verifier
 from tunix_pw.registry import register
 
 _NUMBER = re.compile(r'-?\d[\d,]*(?:\.\d+)?')
@@ -52,6 +52,14 @@ def numbers_equal(text: str, answer: str) -> bool:
   """Whether `text`'s last number is the reference's."""
   got, want = number(text), number(answer)
   return got is not None and want is not None and got == want
+
+
+def _number_words(text: str, answer: str) -> str:
+  """The word on a wrong number: too high, too low or no number."""
+  got, want = number(text), number(answer)
+  if got is None or want is None:
+    return 'no number'
+  return 'too high' if got > want else 'too low'
 
 
 @register('reward', 'exact_answer')
@@ -99,24 +107,22 @@ def _math_right(text: str, answer: str) -> bool:
     return False
 
 
-# Held-out evaluation by a reward's extraction and equivalence (the answer
-# votes in maj@k; math_equal's are its normalised final answers).
-VERIFIERS = {'exact_answer': Verifier(number, numbers_equal),
-             'math_equal': Verifier(_math_answer, _math_right),
-             'exact': EXACT}
+# Verifiers by a reward's extraction and equivalence (the answer votes in
+# maj@k; math_equal's are its normalised final answers).
+EXACT_ANSWER = register('verifier', 'exact_answer')(Verifier(
+    number, numbers_equal, _number_words))
+register('verifier', 'math_equal')(Verifier(_math_answer, _math_right))
 
 
 def verifier(name: str, rewards: str = '',
              field: str = '--config.eval_verifier') -> Verifier:
-  """The verifier `name`; '' picks math_equal when `rewards` (a weights
-  spec) uses it, else exact_answer."""
+  """The registered verifier `name`; '' picks math_equal when `rewards` (a
+  weights spec) uses it, else exact_answer."""
   if not name:
     name = ('math_equal' if 'math_equal' in dict(parse_weights(rewards))
             else 'exact_answer') if rewards else 'exact_answer'
-  if name not in VERIFIERS:
-    raise UsageError(f'{field}={name!r} is not a verifier; use one of '
-                     f'{", ".join(VERIFIERS)}.')
-  return VERIFIERS[name]
+  registry.check('verifier', name, field)
+  return registry.get('verifier', name)
 
 
 @register('reward', 'digits')

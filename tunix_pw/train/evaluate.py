@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from tunix_pw import registry
 from tunix_pw.errors import UsageError
 from tunix_pw.models.tokenizers import Tokenizer
 from tunix_pw.runtime.fetch import fetch
@@ -25,11 +26,28 @@ from tunix_pw.sampling.rollout import RolloutEngine, SamplingConfig
 
 @dataclasses.dataclass(frozen=True)
 class Verifier:
+  """How a completion is judged against its reference: held-out
+  evaluation, agent environments and the rewards named like it all ask
+  one (registered: `--config.eval_verifier`, `verifier`,
+  `agent.verifier`)."""
+
   answer: Callable[[str], Any]  # a completion's answer (a vote), or None
   right: Callable[[str, str], bool]  # (completion, reference) -> right?
+  # (completion, reference) -> the word on a wrong one (a retry's
+  # {feedback}); by default 'no answer' or 'wrong'.
+  words: Callable[[str, str], str] | None = None
+
+  def verdict(self, text: str, reference: str) -> tuple[bool, str]:
+    """(right?, the word on a wrong answer)."""
+    if self.right(text, reference):
+      return True, ''
+    if self.words:
+      return False, self.words(text, reference)
+    return False, 'no answer' if self.answer(text) is None else 'wrong'
 
 
-EXACT = Verifier(str.strip, lambda text, answer: text.strip() == answer.strip())
+EXACT = registry.register('verifier', 'exact')(Verifier(
+    str.strip, lambda text, answer: text.strip() == answer.strip()))
 
 
 def wilson_interval(correct: int, total: int,
