@@ -82,6 +82,14 @@ class Cache:
     return self.replace(k=split(self.k, lambda x: jnp.swapaxes(x, -1, -2)),
                         v=split(self.v))
 
+  def take(self, rows: jax.Array) -> 'Cache':
+    """Rows `rows` of this cache, in that order (a tree rollout's forks
+    copy their parent's keys and values). A stacked buffer's batch axis is
+    its second ([repeats, B, ...]), a per-layer buffer's its first."""
+    pick = lambda a: jnp.take(a, rows, axis=1 if a.ndim == 5 else 0)
+    return Cache(jax.tree.map(pick, self.k), jax.tree.map(pick, self.v),
+                 self.positions[rows], self.segments[rows])
+
   def repeat(self, n: int) -> 'Cache':
     """Each row `n` times in a row (one prefill for n generations)."""
     rows = lambda axis: lambda a: jnp.repeat(a, n, axis=axis)

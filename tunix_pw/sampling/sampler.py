@@ -33,7 +33,7 @@ from tunix_pw.errors import UsageError
 from tunix_pw.models.decoder import Cache, Decoder
 from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.runtime import backend, reshard, sharding
-from tunix_pw.sampling import rules as decoding
+from tunix_pw.sampling import rules as decoding, tree as tree_lib
 from tunix_pw.sampling.rollout import Completions, SamplingConfig
 
 _KV_AXES = (None, 'batch', 'kv_heads', None, None)  # [repeats, B, K, S, H]
@@ -68,6 +68,7 @@ class Sampler:
                             static_argnames=('cache_size', 'generations'))
     self._decode_chunk = jax.jit(self._continue, static_argnames=statics,
                                  donate_argnums=(1,))
+    self._branch = jax.jit(self._take_rows, donate_argnums=(0,))
 
   # ------------------------------------------------------------ weights
 
@@ -107,6 +108,23 @@ class Sampler:
                sampling: SamplingConfig) -> Completions:
     """`sampling.generations` completions of each prompt, rows
     prompt-major."""
+    rows, cache_size = self._prompt_rows(prompts, sampling)
+    if self.decode_chunk:
+      return self._generate_in_chunks(rows, sampling, cache_size)
+    out = self._generate(self.serving()[0], *rows, *self._scalars(sampling),
+                         cache_size=cache_size,
+                         generations=sampling.generations,
+                         **self._statics(sampling))
+    n = sampling.max_new_tokens
+    tokens, logprobs, mask, lengths, kept = out
+    return Completions(tokens[:, :n], logprobs[:, :n], mask[:, :n], lengths,
+                       log_kept=kept[:, :n])
+
+  def _prompt_rows(self, prompts: Sequence[Sequence[int]],
+                   sampling: SamplingConfig
+                   ) -> tuple[tuple[jax.Array, ...], int]:
+    """The prompts left-padded to their bucket (tokens, positions,
+    segments) on the mesh, and the cache size."""
     if not prompts:
       raise UsageError('no prompts to generate from.')
     lengths = [len(p) for p in prompts]
@@ -125,17 +143,7 @@ class Sampler:
                 prompt_len - np.array(lengths)[:, None]).astype(np.int32)
     positions = np.maximum(np.cumsum(segments, axis=1) - 1, 0)
     put = self._put_batch
-    rows = put(tokens), put(positions), put(segments)
-    if self.decode_chunk:
-      return self._generate_in_chunks(rows, sampling, cache_size)
-    out = self._generate(self.serving()[0], *rows, *self._scalars(sampling),
-                         cache_size=cache_size,
-                         generations=sampling.generations,
-                         **self._statics(sampling))
-    n = sampling.max_new_tokens
-    tokens, logprobs, mask, lengths, kept = out
-    return Completions(tokens[:, :n], logprobs[:, :n], mask[:, :n], lengths,
-                       log_kept=kept[:, :n])
+    return (put(tokens), put(positions), put(segments)), cache_size
 
   def _generate_in_chunks(self, rows: tuple[jax.Array, ...],
                           sampling: SamplingConfig,
@@ -162,6 +170,54 @@ class Sampler:
     mask = jnp.arange(tokens.shape[1])[None] < lengths[:, None]
     return Completions(tokens[:, :n], logprobs[:, :n], mask[:, :n], lengths,
                        versions, state[9][:, :n])
+
+  def generate_tree(self, prompts: Sequence[Sequence[int]],
+                    sampling: SamplingConfig,
+                    shape: tree_lib.TreeShape) -> tree_lib.Tree:
+    """`sampling.generations` rows per prompt grown as a tree
+    (sampling/tree.py): `shape.chains` decode from the prompt, and after
+    every `shape.segment` tokens the most uncertain live chains fork into
+    unused rows, their KV cache copied."""
+    shape.check(sampling.generations)
+    rows, cache_size = self._prompt_rows(prompts, sampling)
+    max_new, stops, temperature, top_p, key = self._scalars(sampling)
+    params = self.serving()[0]
+    g, n = sampling.generations, sampling.max_new_tokens
+    state = self._prefill(params, *rows, key, cache_size=cache_size,
+                          generations=g)
+    active = tree_lib.roots(len(prompts), g, shape.chains)
+    parent = np.full(active.shape, -1)
+    born = np.zeros(active.shape, np.int32)
+    state = self._branch(state, np.arange(len(active)), ~active)
+    for start in range(0, n, shape.segment):
+      end = min(start + shape.segment, n)
+      state = self._decode_chunk(
+          params, state, np.int32(end), max_new, stops, temperature, top_p,
+          cache_size=cache_size, **self._statics(sampling))
+      logprobs, lengths, done = jax.device_get(state[4:7])
+      if end == n or done[active].all():
+        break
+      source = tree_lib.branch(shape, g, active, done, tree_lib.surprisal(
+          logprobs, lengths, start, end))
+      forked = source != np.arange(len(source))
+      if forked.any():
+        parent[forked], born[forked], active[forked] = source[forked], end, True
+        state = self._branch(state, source, ~active)
+    tokens, logprobs, lengths = state[3][:, :n], state[4][:, :n], state[5]
+    mask = jnp.arange(n)[None] < lengths[:, None]
+    return tree_lib.Tree(Completions(tokens, logprobs, mask, lengths,
+                                     log_kept=state[9][:, :n]),
+                         parent, born, active)
+
+  @staticmethod
+  def _take_rows(state, rows, parked) -> tuple[Any, ...]:
+    """The decode loop's state with row i taking row `rows[i]`'s place
+    (its cache, tokens and counters: a fork) and keeping its own random
+    numbers; `parked` rows are done (unused slots)."""
+    take = lambda a: a[rows]
+    return (state[0], state[1].take(rows), *map(take, state[2:6]),
+            take(state[6]) | parked, take(state[7]), state[8],
+            take(state[9]))
 
   def lower(self, batch: int, prompt_length: int,
             sampling: SamplingConfig) -> jax.stages.Lowered:
