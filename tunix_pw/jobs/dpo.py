@@ -9,7 +9,6 @@ checkpoint -> preemption check.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import functools
 from typing import Any
 
@@ -18,20 +17,16 @@ import jax
 import numpy as np
 
 from tunix_pw import checks, registry
-from tunix_pw.data import builders, formats, pipeline
+from tunix_pw.data import pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.models import blocks, checkpoints
 from tunix_pw.runtime import backend, meshes as meshes_lib
-from tunix_pw.runtime.fetch import fetch
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.sharding import Sharder
-from tunix_pw.train import loop, losses, metrics, optim, plans, preference
-from tunix_pw.train import program, scoring, setup
-from tunix_pw.train import step as step_lib
+from tunix_pw.train import loop, metrics, optim, plans, preference, program
+from tunix_pw.train import scoring, setup
 
 SIDES = preference.PAIRED
-PAIRED = ('preferences', 'arithmetic')  # data with (held-out) pairs
-
 
 def validate(config: Any) -> None:
   checks.at_least_one(config, '--config', 'steps', 'batch_size',
@@ -40,7 +35,8 @@ def validate(config: Any) -> None:
   registry.check('preference_loss', config.dpo.algorithm,
                  '--config.dpo.algorithm')
   labelled = bool(preference.get(config.dpo.algorithm).labels)
-  if config.data.name not in PAIRED + (('unpaired',) if labelled else ()):
+  if config.data.name not in preference.PAIRED_DATA + (
+      ('unpaired',) if labelled else ()):
     also = ", or 'unpaired' (labelled examples)" if labelled else ''
     raise UsageError(f'--config.data.name={config.data.name!r} has no '
                      "preference pairs; use 'preferences' (or 'arithmetic' "
@@ -63,25 +59,6 @@ def validate(config: Any) -> None:
                          '--config.batch_size / --config.micro_batches')
 
 
-def sequence_logps(model, batch, side: str, shard: Sharder = Sharder(),
-                   chunk: int = 0):
-  """Summed completion log-probability and completion length per row (the
-  logits `--config.logits_chunk` positions at a time)."""
-  nll, weight, _ = step_lib.model_token_nll(
-      model, batch[f'{side}_tokens'], batch[f'{side}_positions'],
-      batch[f'{side}_segment_ids'], batch[f'{side}_loss_mask'], shard, chunk)
-  return -(nll * weight).sum(-1), weight.sum(-1)
-
-
-def preference_loss(model, batch, rng, *, algorithm: preference.Preference,
-                    settings: preference.Settings,
-                    shard: Sharder = Sharder(), chunk: int = 0):
-  del rng
-  return algorithm.loss(
-      {side: sequence_logps(model, batch, side, shard, chunk)
-       for side in algorithm.sides}, batch, settings)
-
-
 def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
          abstract: bool) -> program.Program:
   """The policy and its preference-loss train step (gradient accumulation
@@ -89,7 +66,8 @@ def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
   mesh = meshes['actor']
   return program.build(
       config, mesh, functools.partial(
-          preference_loss, algorithm=preference.get(config.dpo.algorithm),
+          preference.model_loss,
+          algorithm=preference.get(config.dpo.algorithm),
           settings=preference.Settings.from_block(config.dpo),
           shard=Sharder(mesh, config.sharding), chunk=config.logits_chunk),
       micro_batches=config.micro_batches, total_updates=config.steps,
@@ -102,8 +80,8 @@ def make_logps(config: Any, graphdef: Any, mesh: Any,
   of both sequences `names` (chosen and rejected, or KTO's)."""
   shard = Sharder(mesh, config.sharding)
   return jax.jit(lambda state, batch: tuple(
-      sequence_logps(nnx.merge(graphdef, state), batch, side, shard,
-                     config.logits_chunk)[0]
+      preference.sequence_logps(nnx.merge(graphdef, state), batch, side,
+                                shard, config.logits_chunk)[0]
       for side in names))
 
 
@@ -114,7 +92,8 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
   rules, algorithm = config.sharding, preference.get(config.dpo.algorithm)
   policy = plan(config, meshes, abstract=True)
   rows = config.batch_size * (algorithm.examples_per_pair
-                              if config.data.name in PAIRED else 1)
+                              if config.data.name in preference.PAIRED_DATA
+                              else 1)
   names = algorithm.sides
 
   def batch(count: int, names: tuple[str, ...] = names) -> dict[str, Any]:
@@ -147,64 +126,6 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
   return out
 
 
-def pair_pipeline(config: Any, source: Any, name: str, tokenizer: Any,
-                  runtime: Any, transform: Any, batch_fn: Any, *,
-                  batch_size: int, epochs: int | None,
-                  what: str) -> pipeline.Pipeline:
-  length = config.data.max_length
-  return pipeline.Pipeline(
-      source, transform(name, tokenizer, length, config.data.overlong,
-                        config.data.chat),
-      batch_size=batch_size, seed=config.seed, num_epochs=epochs,
-      process_index=runtime.process_index,
-      process_count=runtime.process_count,
-      batch_fn=lambda rows: batch_fn(rows, length, tokenizer.pad_id),
-      what=what, dropping=pipeline.overlong_filter(config.data))
-
-
-def pairs_of_labelled(source: Any) -> list[dict[str, str]]:
-  """Held-out pairs from labelled examples: each prompt's first desirable
-  completion over its first undesirable one (prompts with both)."""
-  first = {}
-  for i in range(len(source)):
-    example = builders.decode(source[i])
-    first.setdefault(example['prompt'], {}).setdefault(
-        bool(example['label']), example['completion'])
-  return [dict(prompt=prompt, chosen=sides[True], rejected=sides[False])
-          for prompt, sides in first.items() if len(sides) == 2]
-
-
-def heldout_pairs(config: Any, name: str, source: Any, tokenizer: Any,
-                  runtime: Any) -> Callable[[], pipeline.Pipeline]:
-  """One pass over the held-out pairs, anew each call: a pair set's test
-  split, or the pairs in a labelled one; checked to fill a batch."""
-  paired = name in PAIRED
-  pairs = source if paired else pairs_of_labelled(source)
-  what = f'the test split of {name}' + ('' if paired else ' (its pairs)')
-  pipeline.check_eval_batch(pairs, config.eval_batch_size, what)
-  return lambda: pair_pipeline(
-      config, pairs, name if paired else 'preferences', tokenizer, runtime,
-      formats.preference_transform, formats.pad_pairs,
-      batch_size=config.eval_batch_size, epochs=1, what=what)
-
-
-def pairwise_accuracy(policy_logps: Any, reference_logps: Any,
-                      heldout: Any) -> dict[str, float]:
-  """The share of held-out pairs the policy prefers the right way, by
-  `preference.pair_margin` (without a reference (None), per token)."""
-  right = total = 0
-  for batch in heldout():
-    sums = [(logps, batch[f'{side}_loss_mask'].sum(-1))
-            for side, logps in zip(SIDES, fetch(policy_logps(batch)))]
-    references = (() if reference_logps is None else
-                  fetch(reference_logps(batch)))
-    margin = preference.pair_margin(
-        losses.Pair(*sums[0], *sums[1], *references))
-    right, total = right + int((margin > 0).sum()), total + margin.size
-  return {'eval/pairwise_accuracy': right / max(total, 1),
-          'eval/pairs': total}
-
-
 def _reference(config: Any, policy: Any, meshes: meshes_lib.RoleMeshes,
                runtime: backend.Runtime) -> tuple[Any, Any]:
   """The reference model's log-probabilities of a host batch: of a train
@@ -233,19 +154,19 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   reference, reference_logps = _reference(config, policy, meshes, runtime)
   spec = pipeline.DataSpec.from_block(config.data)
   sources, _ = pipeline.prepare(spec, runtime)
-  heldout = heldout_pairs(config, spec.name, sources['test'], tokenizer,
-                          runtime)
-  data = pair_pipeline(
+  heldout = preference.heldout_pairs(config, spec.name, sources['test'],
+                                     tokenizer, runtime)
+  data = preference.pair_pipeline(
       config, sources['train'], spec.name, tokenizer, runtime,
-      algorithm.transform, algorithm.batch, batch_size=config.batch_size, epochs=None,
-      what=f'the train split of {spec.name}')
+      algorithm.transform, algorithm.batch, batch_size=config.batch_size,
+      epochs=None, what=f'the train split of {spec.name}')
   session = loop.Session(name, config, runtime, workdir, policy.state,
                          data)
   policy_logps = make_logps(config, policy.full_graphdef, mesh)
 
   @functools.cache  # the last step may be an eval_every step too
   def evaluate(done: int) -> dict[str, float]:
-    return session.evaluated(done, lambda: pairwise_accuracy(
+    return session.evaluated(done, lambda: preference.pairwise_accuracy(
         lambda batch: policy_logps(nnx.state(policy.model(
             session.state.params)), pipeline.place(batch, mesh, rules)),
         reference_logps, heldout))
