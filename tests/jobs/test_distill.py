@@ -20,7 +20,7 @@ from tunix_pw.jobs import distill, grpo
 from tunix_pw.models import blocks, safetensors_io
 from tunix_pw.rl import plan as plan_lib
 from tunix_pw.runtime import meshes
-from tunix_pw.train import distill_losses, metrics
+from tunix_pw.train import distill_losses, distill_strategies, metrics
 
 DISTILL = '--config=tunix_pw/configs/distill.py:runlocal'
 PULSE = ['--config.steps=2', '--config.log_every=1', '--config.eval_examples=0',
@@ -256,7 +256,7 @@ def test_chunked_logits_give_the_whole_distillation_loss_and_gradients(top_k):
   d.update(top_k=top_k, temperature=2.0)
 
   def objective(state, chunk):
-    return distill.distill_loss(nnx.merge(graphdef, state), batch, None, d=d,
+    return distill_strategies.distill_loss(nnx.merge(graphdef, state), batch, None, d=d,
                                 student_layers=(), chunk=chunk)
 
   assert test_loss.assert_chunks_change_nothing(objective, state, t)['kd'] > 0
@@ -279,7 +279,7 @@ def test_a_chunked_step_holds_a_fraction_of_the_whole_logits():
   d.top_k = 8
 
   def temp_bytes(chunk):
-    program = jax.jit(jax.grad(lambda s, b: distill.distill_loss(
+    program = jax.jit(jax.grad(lambda s, b: distill_strategies.distill_loss(
         nnx.merge(graphdef, s), b, None, d=d, student_layers=(),
         chunk=chunk)[0]))
     return program.lower(state, batch).compile().memory_analysis(

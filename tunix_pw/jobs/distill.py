@@ -30,9 +30,9 @@ from typing import Any
 
 from flax import nnx
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from tunix_pw import registry
 from tunix_pw.data import pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.models import blocks, checkpoints
@@ -40,10 +40,8 @@ from tunix_pw.rl import rewards
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard, sharding
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.sharding import Sharder
-from tunix_pw import registry
 from tunix_pw.train import distill_losses, distill_strategies, plans, program
 from tunix_pw.train import scoring, setup, supervised
-from tunix_pw.train import step as step_lib
 
 POOLING = ('token', 'mean')
 
@@ -71,57 +69,13 @@ def validate(config: Any) -> None:
                        '0).')
 
 
-def mapped_layers(config: Any, side: int) -> tuple[int, ...]:
-  """The student's (side 0) or the teacher's (1) layers that the strategy
-  compares (none for one that compares no layers)."""
-  if not distill_strategies.get(config.distill.strategy).mapped:
-    return ()
-  return distill_losses.layer_map(config)[side]
-
-
-def forward(model, batch, layers: tuple[int, ...], shard: Sharder):
-  """The logits, and with mapped `layers` their outputs and attention."""
-  args = (batch['tokens'], batch['positions'], batch['segment_ids'])
-  if not layers:
-    return model(*args, shard=shard)[0], None, None
-  logits, outputs, probs = model.internals(*args, shard=shard)
-  layers = jnp.asarray(layers)
-  return logits, outputs[layers], probs[layers]
-
-
-def distill_loss(model, batch, rng, *, d: Any, student_layers: tuple,
-                 shard: Sharder = Sharder(), chunk: int = 0):
-  """sft_weight x NLL + weight x the strategy's loss, per target token
-  (a strategy's one loss for every token counts once per target token). A
-  strategy that reads only logits sees them `chunk` positions at a time
-  (`step.model_token_nll`)."""
-  del rng
-  strategy = distill_strategies.get(d.strategy)
-  if strategy.mapped:
-    logits, outputs, probs = forward(model, batch, student_layers, shard)
-    nll, mask, correct = step_lib.token_nll(logits, batch['tokens'],
-                                            batch['loss_mask'],
-                                            batch['segment_ids'])
-    kd_sum = strategy.loss(model, logits, outputs, probs, batch,
-                           d) * mask.sum()
-  else:
-    teacher = {k: v for k, v in batch.items() if k.startswith('teacher_')}
-    nll, mask, correct, kd = step_lib.model_token_nll(
-        model, batch['tokens'], batch['positions'], batch['segment_ids'],
-        batch['loss_mask'], shard, chunk, also=(
-            lambda logits, part: strategy.loss(model, logits, None, None,
-                                               part, d), teacher))
-    kd_sum = (kd * mask).sum()
-  return d.sft_weight * (nll * mask).sum() + d.weight * kd_sum, dict(
-      weight=mask.sum(), accuracy=(correct * mask).sum(),
-      nll=(nll * mask).sum(), kd=kd_sum)
-
-
 def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
          abstract: bool) -> program.Program:
-  return supervised.plan(config, meshes, abstract=abstract, loss=functools.partial(
-      distill_loss, d=config.distill,
-      student_layers=mapped_layers(config, 0), chunk=config.logits_chunk))
+  return supervised.plan(config, meshes, abstract=abstract,
+                         loss=functools.partial(
+                             distill_strategies.distill_loss, d=config.distill,
+                             student_layers=distill_strategies.mapped_layers(
+                                 config, 0), chunk=config.logits_chunk))
 
 
 def teacher_mesh(meshes: meshes_lib.RoleMeshes) -> Any:
@@ -134,11 +88,12 @@ def teacher_program(config: Any, graphdef: Any, mesh: Any):
   mapped layers' attention [B, layers, heads, T, T] or outputs [B, layers,
   T, D]."""
   shard, d = Sharder(mesh, config.sharding), config.distill
-  layers = mapped_layers(config, 1)
+  layers = distill_strategies.mapped_layers(config, 1)
 
   def outputs(state, batch):
     return distill_strategies.get(d.strategy).teacher(
-        *forward(nnx.merge(graphdef, state), batch, layers, shard), d)
+        *distill_strategies.forward(nnx.merge(graphdef, state), batch,
+                                    layers, shard), d)
 
   return jax.jit(outputs)
 
@@ -148,7 +103,8 @@ def target_shapes(config: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
   d = config.distill
   return distill_strategies.get(d.strategy).shapes(
       d, config.batch_size, config.data.max_length,
-      blocks.architecture(config.teacher), len(mapped_layers(config, 1)))
+      blocks.architecture(config.teacher),
+      len(distill_strategies.mapped_layers(config, 1)))
 
 
 def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):

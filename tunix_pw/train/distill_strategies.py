@@ -2,7 +2,8 @@
 outputs for a batch and how the student's loss compares with it (the math
 is in `distill_losses.py`). Each is a registered `Strategy`; the job
 (`jobs/distill.py`) asks it and never names one, so adding a strategy
-touches this file.
+touches this file. Also here: the student's train loss (`distill_loss`)
+and the forward pass both sides run.
 
 - logit: a divergence between next-token distributions, the teacher's
   logits whole or its top-k;
@@ -23,7 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from tunix_pw import registry
+from tunix_pw.runtime.sharding import Sharder
 from tunix_pw.train import distill_losses
+from tunix_pw.train import step as step_lib
 
 Shapes = dict[str, tuple[tuple[int, ...], Any]]
 
@@ -118,3 +121,49 @@ registry.register('distill_strategy', 'feature')(Strategy(
         'teacher_hidden': ((rows, layers, length, teacher.embed_dim),
                            np.float32)},
     projection=True))
+
+
+def mapped_layers(config: Any, side: int) -> tuple[int, ...]:
+  """The student's (side 0) or the teacher's (1) layers that the strategy
+  compares (none for one that compares no layers)."""
+  if not get(config.distill.strategy).mapped:
+    return ()
+  return distill_losses.layer_map(config)[side]
+
+
+def forward(model, batch, layers: tuple[int, ...], shard: Sharder):
+  """The logits, and with mapped `layers` their outputs and attention."""
+  args = (batch['tokens'], batch['positions'], batch['segment_ids'])
+  if not layers:
+    return model(*args, shard=shard)[0], None, None
+  logits, outputs, probs = model.internals(*args, shard=shard)
+  layers = jnp.asarray(layers)
+  return logits, outputs[layers], probs[layers]
+
+
+def distill_loss(model, batch, rng, *, d: Any, student_layers: tuple,
+                 shard: Sharder = Sharder(), chunk: int = 0):
+  """sft_weight x NLL + weight x the strategy's loss, per target token
+  (a strategy's one loss for every token counts once per target token). A
+  strategy that reads only logits sees them `chunk` positions at a time
+  (`step.model_token_nll`)."""
+  del rng
+  strategy = get(d.strategy)
+  if strategy.mapped:
+    logits, outputs, probs = forward(model, batch, student_layers, shard)
+    nll, mask, correct = step_lib.token_nll(logits, batch['tokens'],
+                                            batch['loss_mask'],
+                                            batch['segment_ids'])
+    kd_sum = strategy.loss(model, logits, outputs, probs, batch,
+                           d) * mask.sum()
+  else:
+    teacher = {k: v for k, v in batch.items() if k.startswith('teacher_')}
+    nll, mask, correct, kd = step_lib.model_token_nll(
+        model, batch['tokens'], batch['positions'], batch['segment_ids'],
+        batch['loss_mask'], shard, chunk, also=(
+            lambda logits, part: strategy.loss(model, logits, None, None,
+                                               part, d), teacher))
+    kd_sum = (kd * mask).sum()
+  return d.sft_weight * (nll * mask).sum() + d.weight * kd_sum, dict(
+      weight=mask.sum(), accuracy=(correct * mask).sum(),
+      nll=(nll * mask).sum(), kd=kd_sum)
