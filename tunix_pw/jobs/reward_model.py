@@ -14,21 +14,19 @@ import functools
 from typing import Any
 
 from flax import nnx
-import jax
 import jax.numpy as jnp
 
 from tunix_pw import checks
 from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.models import blocks, checkpoints, hf, tokenizers, value
-from tunix_pw.rl import critic
+from tunix_pw.rl import critic, reward_model
 from tunix_pw.runtime import backend, meshes as meshes_lib
-from tunix_pw.runtime.fetch import fetch
 from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.runtime.sharding import Sharder
-from tunix_pw.train import loop, losses, optim, plans, program, setup
+from tunix_pw.train import loop, optim, plans, preference, program, setup
 
-SIDES = ('chosen', 'rejected')
+SIDES = reward_model.SIDES
 KEYS = ('tokens', 'positions', 'segment_ids', 'loss_mask')
 
 
@@ -50,22 +48,6 @@ def validate(config: Any) -> None:
                          '--config.batch_size / --config.micro_batches')
 
 
-def scores(model, batch, side: str, shard: Sharder = Sharder()) -> jax.Array:
-  """[B]: the score of each `side` sequence of a batch of pairs."""
-  values = model(batch[f'{side}_tokens'], batch[f'{side}_positions'],
-                 batch[f'{side}_segment_ids'], shard)
-  return value.last_token(values, batch[f'{side}_segment_ids'])
-
-
-def loss(model, batch, rng, *, shard: Sharder = Sharder()):
-  del rng
-  chosen, rejected = (scores(model, batch, side, shard) for side in SIDES)
-  return losses.bradley_terry(chosen, rejected).sum(), dict(
-      weight=jnp.float32(chosen.shape[0]),
-      accuracy=(chosen > rejected).sum().astype(jnp.float32),
-      margin=(chosen - rejected).sum())
-
-
 def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
          abstract: bool) -> program.Program:
   """The value model (the model block's decoder, a fresh head) and its
@@ -78,50 +60,13 @@ def plan(config: Any, meshes: meshes_lib.RoleMeshes, *,
                                      mesh=mesh, rules=rules)
     model = value.from_decoder(base, config.seed, mesh, rules)
   return program.from_model(
-      model, mesh, functools.partial(loss, shard=Sharder(mesh, rules)),
+      model, mesh, functools.partial(reward_model.bradley_terry_loss,
+                                     shard=Sharder(mesh, rules)),
       use_lora=False, optimizer=config.optimizer, seed=config.seed,
       micro_batches=config.micro_batches, total_updates=config.steps,
       abstract=abstract, unroll_on_cpu=config.model.unroll_cpu_train,
       init=setup.init_program(config.model, seed=config.seed, mesh=mesh,
                               rules=rules))
-
-
-def pairs(config: Any, source: Any, tokenizer: Any, runtime: Any, *,
-          batch_size: int, epochs: int | None, what: str):
-  length = config.data.max_length
-  return pipeline.Pipeline(
-      source, formats.preference_transform(
-          config.data.name, tokenizer, length, config.data.overlong,
-          config.data.chat),
-      batch_size=batch_size, seed=config.seed, num_epochs=epochs,
-      process_index=runtime.process_index,
-      process_count=runtime.process_count,
-      batch_fn=lambda rows: formats.pad_pairs(rows, length, tokenizer.pad_id),
-      what=what, dropping=pipeline.overlong_filter(config.data))
-
-
-def margins_program(config: Any, model_program: program.Program):
-  """jitted (params, pairs) -> score(chosen) - score(rejected) per pair."""
-  shard = Sharder(model_program.mesh, config.sharding)
-
-  def margins(params, batch):
-    model = nnx.merge(model_program.graphdef, params)
-    return (scores(model, batch, 'chosen', shard) -
-            scores(model, batch, 'rejected', shard))
-
-  return jax.jit(margins)
-
-
-def pairwise_accuracy(config: Any, margins: Any, mesh: Any, params: Any,
-                      heldout: Any) -> dict[str, float]:
-  """The share of held-out pairs whose chosen sequence scores higher."""
-  right = total = 0
-  for batch in heldout():
-    margin = fetch(margins(params, pipeline.place(batch, mesh,
-                                                  config.sharding)))
-    right, total = right + int((margin > 0).sum()), total + margin.size
-  return {'eval/pairwise_accuracy': right / max(total, 1),
-          'eval/pairs': total}
 
 
 def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
@@ -135,7 +80,7 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes):
         f'{side}_{key}': ((rows, config.data.max_length), jnp.int32)
         for side in SIDES for key in KEYS})
 
-  margins = margins_program(config, model_program)
+  margins = reward_model.margins_program(config, model_program)
   return plans.Plan({'actor': program.resident(model_program)}, [
       program.train_phase(model_program, pairs_of(config.batch_size)),
       plans.Phase('evaluation', 'actor', lambda: [margins.lower(
@@ -153,19 +98,22 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   sources, _ = pipeline.prepare(spec, runtime)
   pipeline.check_eval_batch(sources['test'], config.eval_batch_size,
                             f'the test split of {spec.name}')
-  data = pairs(config, sources['train'], tokenizer, runtime,
-               batch_size=config.batch_size, epochs=None,
-               what=f'the train split of {spec.name}')
-  heldout = lambda: pairs(config, sources['test'], tokenizer, runtime,
+  pairs = functools.partial(
+      preference.pair_pipeline, config, transform=formats.preference_transform,
+      batch_fn=formats.pad_pairs, name=spec.name, tokenizer=tokenizer,
+      runtime=runtime)
+  data = pairs(source=sources['train'], batch_size=config.batch_size,
+               epochs=None, what=f'the train split of {spec.name}')
+  heldout = lambda: pairs(source=sources['test'],
                           batch_size=config.eval_batch_size, epochs=1,
                           what=f'the test split of {spec.name}')
   session = loop.Session('reward_model', config, runtime, workdir,
                          model_program.state, data)
-  margins = margins_program(config, model_program)  # compiled once
+  margins = reward_model.margins_program(config, model_program)  # compiled once
 
   @functools.cache  # the last step may be an eval_every step too
   def evaluate(done: int) -> dict[str, float]:
-    return session.evaluated(done, lambda: pairwise_accuracy(
+    return session.evaluated(done, lambda: reward_model.pairwise_accuracy(
         config, margins, mesh, session.state.params, heldout))
 
   def step(index: int) -> tuple[Any, int]:

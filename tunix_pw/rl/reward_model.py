@@ -1,6 +1,8 @@
 """A reward model scoring an RL step's samples (the `reward_model` reward):
 `--config.rl.reward_model` names the reward_model job's export, loaded once
-onto the rollout mesh (where the samples were generated) and never trained.
+onto the rollout mesh (where the samples were generated) and never trained
+there; and what the reward_model job trains it with (the Bradley-Terry
+loss on pairs, the held-out pairwise accuracy).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from typing import Any
 
 from flax import nnx
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from tunix_pw.data import pipeline
@@ -17,6 +20,9 @@ from tunix_pw.models import value
 from tunix_pw.rl import phases
 from tunix_pw.runtime.fetch import fetch
 from tunix_pw.runtime.sharding import Sharder
+from tunix_pw.train import losses
+
+SIDES = ('chosen', 'rejected')
 
 
 def program(graphdef: Any, mesh: Any, rules: Any) -> Callable:
@@ -43,3 +49,46 @@ def scorer(config: Any, meshes: Any
                                       rl.logps_micro_batch_size))
 
   return scores
+
+
+def scores(model, batch, side: str, shard: Sharder = Sharder()) -> jax.Array:
+  """[B]: the score of each `side` sequence of a batch of pairs."""
+  values = model(batch[f'{side}_tokens'], batch[f'{side}_positions'],
+                 batch[f'{side}_segment_ids'], shard)
+  return value.last_token(values, batch[f'{side}_segment_ids'])
+
+
+def bradley_terry_loss(model, batch, rng, *,
+                       shard: Sharder = Sharder()):
+  """The train step's loss on a batch of pairs: -log sigmoid(s_chosen -
+  s_rejected), with the pairs ranked right and the margins as sums."""
+  del rng
+  chosen, rejected = (scores(model, batch, side, shard) for side in SIDES)
+  return losses.bradley_terry(chosen, rejected).sum(), dict(
+      weight=jnp.float32(chosen.shape[0]),
+      accuracy=(chosen > rejected).sum().astype(jnp.float32),
+      margin=(chosen - rejected).sum())
+
+
+def margins_program(config: Any, model_program: program.Program):
+  """jitted (params, pairs) -> score(chosen) - score(rejected) per pair."""
+  shard = Sharder(model_program.mesh, config.sharding)
+
+  def margins(params, batch):
+    model = nnx.merge(model_program.graphdef, params)
+    return (scores(model, batch, 'chosen', shard) -
+            scores(model, batch, 'rejected', shard))
+
+  return jax.jit(margins)
+
+
+def pairwise_accuracy(config: Any, margins: Any, mesh: Any, params: Any,
+                      heldout: Any) -> dict[str, float]:
+  """The share of held-out pairs whose chosen sequence scores higher."""
+  right = total = 0
+  for batch in heldout():
+    margin = fetch(margins(params, pipeline.place(batch, mesh,
+                                                  config.sharding)))
+    right, total = right + int((margin > 0).sum()), total + margin.size
+  return {'eval/pairwise_accuracy': right / max(total, 1),
+          'eval/pairs': total}
