@@ -126,12 +126,15 @@ def test_a_job_starts_without_importing_torch(tmp_path):
 
 
 def test_micro_batches_that_do_not_divide_a_pass_exit_2(tmp_path):
+  """Checked before anything starts: the workdir is never written."""
   result = helpers.run_main(
       '--config=tunix_pw/configs/sft.py:runlocal', '--config.steps=1',
       '--config.meshes.actor.axes=fsdp=4,stage=2',
-      '--config.model.pipeline_microbatches=3', f'--workdir={tmp_path}')
+      '--config.model.pipeline_microbatches=3',
+      f'--workdir={tmp_path / "w"}')
   assert result.returncode == 2, result.stderr[-3000:]
   assert helpers.error_lines(result.stderr) == [
       'error: --config.model.pipeline_microbatches=3 does not divide the 64 '
-      'rows of a pipelined pass; use a divisor of 64 of at least 2 (the '
-      'stages).']
+      'rows of a pipelined pass (--config.batch_size / micro_batches); use a '
+      'divisor of 64 of at least 2 (the stages).']
+  assert not (tmp_path / 'w').exists()

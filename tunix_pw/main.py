@@ -275,6 +275,21 @@ def _token_lengths(config: ml_collections.ConfigDict) -> dict[str, int]:
   return {}
 
 
+def _pass_rows(config: ml_collections.ConfigDict) -> dict[str, int]:
+  """The rows of the passes a job trains with, which pipeline
+  micro-batches must divide: an RL job's gradient and log-probability
+  micro-batches, else a train step's micro-batch (each sequence of a
+  pair is a pass of its own)."""
+  if 'rl' in config:
+    return {'--config.rl.micro_batch_size': config.rl.micro_batch_size,
+            '--config.rl.logps_micro_batch_size':
+                config.rl.logps_micro_batch_size}
+  if 'micro_batches' in config:
+    return {'--config.batch_size / micro_batches':
+                config.batch_size // max(config.micro_batches, 1)}
+  return {}
+
+
 def _stages(config: ml_collections.ConfigDict) -> int:
   """The widest stage axis of the job's meshes (pipeline stages)."""
   return max([size for role, block in config.meshes.items()
@@ -288,7 +303,8 @@ def _check_pipeline(config: ml_collections.ConfigDict,
                     stages: int) -> dict[str, int]:
   """With pipeline stages: the model's repeated layer blocks (which a
   stage axis must divide: a stage runs a run of them), after checking
-  that the micro-batches are at least as many as the stages."""
+  that the micro-batches are at least as many as the stages and divide
+  the rows of the passes the job trains with."""
   if stages == 1 or 'model' not in config:
     return {}
   micro = config.model.pipeline_microbatches
@@ -297,6 +313,12 @@ def _check_pipeline(config: ml_collections.ConfigDict,
         f'--config.model.pipeline_microbatches={micro} is fewer than the '
         f'{stages} pipeline stages; use at least {stages} (the bubble is '
         '(stages - 1) / (micro-batches + stages - 1)).')
+  for field, rows in _pass_rows(config).items():
+    if rows % micro:
+      raise UsageError(
+          f'--config.model.pipeline_microbatches={micro} does not divide the '
+          f'{rows} rows of a pipelined pass ({field}); use a divisor of '
+          f'{rows} of at least {stages} (the stages).')
   pattern, count = blocks.architecture(config.model).groups[0]
   return {f"the model's {count} repeated blocks of {len(pattern)} layers":
           count}
