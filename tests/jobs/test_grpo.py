@@ -427,3 +427,45 @@ def test_a_mixture_weight_must_be_positive(tmp_path):
   assert result.returncode == 2
   assert helpers.error_lines(result.stderr) == [
       'error: --config.mixture.mul.weight=0.0 must be positive.']
+
+
+def test_a_tree_rollout_trains_on_its_own_advantages(trained_sft, tmp_path):
+  """From the trained adder (its rewards vary): 2 chains per prompt fork
+  at tokens 2 and 4 into the prompt's 8 rows; the step decodes fewer
+  tokens than it trains on (the shared prefixes: `tree_shared`), and the
+  tree's per-token advantages move the policy (a non-zero loss). With
+  both of the tree's weights 0 every advantage is 0 and so is the loss
+  (without the KL term, which weight decay makes non-zero at step 2),
+  though the rewards differ (a group advantage would not be)."""
+  result, sft = trained_sft
+  assert result.returncode == 0, result.stderr[-3000:]
+  losses = {}
+  for weights in ((1.0, 1.0), (0.0, 0.0)):
+    workdir = tmp_path / str(weights[0])
+    result = run_grpo('runlocal', *PULSE, '--config.rl.tree.chains=2',
+                      f'--config.rl.tree.local_weight={weights[0]}',
+                      f'--config.rl.tree.global_weight={weights[1]}',
+                      '--config.rl.kl_beta=0',
+                      f'--config.model.checkpoint={sft}', workdir=workdir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [m for m in metrics.read(str(workdir)) if 'loss' in m]
+    assert len(steps) == 2
+    for m in steps:
+      assert m['tree_shared'] > 0 and m['generated'] < 8 * 8 * 6
+      assert m['reward_std'] > 0
+    losses[weights] = [m['loss'] for m in steps]
+  assert any(abs(loss) > 1e-6 for loss in losses[1.0, 1.0])
+  assert losses[0.0, 0.0] == [0.0, 0.0]
+
+
+@pytest.mark.parametrize('flags, says', [
+    (['--config.rl.tree.chains=9'], 'chains=9 must be from 1 to the 8'),
+    (['--config.rl.tree.chains=2', '--config.rl.decode_chunk=4'],
+     'decodes in its own segments'),
+    (['--config.rl.tree.chains=2', '--config.rl.tree.forks=0'],
+     'forks=0 must be at least 1')])
+def test_tree_rollout_config_errors(tmp_path, flags, says):
+  result = run_grpo('runlocal', *flags, '--check_only', workdir=tmp_path)
+  assert result.returncode == 2, result.stderr[-3000:]
+  [line] = helpers.error_lines(result.stderr)
+  assert says in line

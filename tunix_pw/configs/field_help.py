@@ -218,6 +218,19 @@ HELP: dict[str, str] = {
     'rl.max_prompt_length': 'Prompt tokens at most (longer prompts are '
                             'dropped and counted).',
     'rl.max_new_tokens': 'Tokens a completion may take.',
+    'rl.tree.chains': 'Tree rollouts: chains per prompt decoded from the '
+                      'prompt (0: independent chains and the group '
+                      'advantage; sampling/tree.py).',
+    'rl.tree.segment': 'Tree rollouts: tokens between branch points.',
+    'rl.tree.branches': 'Tree rollouts: live chains per prompt that fork at '
+                        'a branch point (the most uncertain: highest mean '
+                        '-log p over the last segment).',
+    'rl.tree.forks': 'Tree rollouts: new chains each forking one starts '
+                     '(into unused rows of the prompt\'s num_generations).',
+    'rl.tree.local_weight': "Tree advantage: weight of V(node) - V(parent).",
+    'rl.tree.global_weight': "Tree advantage: weight of V(node) - V(root).",
+    'rl.tree.by_leaves': 'Tree advantage: divided by sqrt(the leaves that '
+                         'share the token).',
     'rl.logits_chunk': 'Positions whose logits the log-probability passes '
                        '(on-policy distillation\'s teacher\'s too) and the '
                        'loss hold at once (the [tokens, vocab] logits never '

@@ -93,6 +93,17 @@ def rl_block(variant: str, local: bool) -> ml_collections.ConfigDict:
       # the update, from a policy at most this many steps old; 0: each
       # rollout waits for the previous step's weights (synchronous).
       max_staleness=0,
+      # Tree rollouts (sampling/tree.py): each prompt's num_generations
+      # rows grown as a tree, `chains` of them from the prompt and, after
+      # every `segment` tokens, the `branches` most uncertain live chains
+      # forking `forks` times into unused rows; the advantages are then
+      # the tree's (TreeRL): local_weight x (V(node) - V(parent)) +
+      # global_weight x (V(node) - V(root)), over sqrt(leaves) with
+      # by_leaves. chains=0: independent chains, the group advantage.
+      tree=ml_collections.ConfigDict(dict(
+          chains=0, segment=2 if local else 16, branches=1,
+          forks=3 if local else 2,
+          local_weight=1.0, global_weight=1.0, by_leaves=True)),
       # Partial rollouts: decode this many tokens per call, taking the
       # newest weights between calls (0: the whole decode loop at once).
       decode_chunk=0,

@@ -19,6 +19,7 @@ import numpy as np
 from tunix_pw.data import pipeline
 from tunix_pw.rl import rewards as rewards_lib
 from tunix_pw.runtime.fetch import fetch
+from tunix_pw.sampling import tree as tree_lib
 
 
 @dataclasses.dataclass
@@ -37,6 +38,9 @@ class Group:
   # Per completion token, the version of the weights that produced it (an
   # engine that takes new weights mid-generation); None: not recorded.
   versions: list[list[int]] | None = None
+  # Per completion token, its advantage from a tree rollout's structure
+  # (sampling/tree.py); None: the group advantage of the rewards.
+  token_advantages: list[list[float]] | None = None
 
   @property
   def informative(self) -> bool:
@@ -48,8 +52,8 @@ def to_arrays(groups: Sequence[Group], weights: Sequence[float],
               length: int, pad_id: int,
               advantage: Callable | None) -> dict[str, np.ndarray]:
   """tokens, loss_mask, segment_ids, positions [N, length]; weights and
-  (given an `advantage` of the group rewards) advantages [N] (N = groups x
-  G)."""
+  advantages: a tree rollout's per token [N, length - 1], else (given an
+  `advantage` of the group rewards) [N] (N = groups x G)."""
   rows, row_weights = [], []
   for group, weight in zip(groups, weights):
     for i, completion in enumerate(group.completions):
@@ -60,7 +64,9 @@ def to_arrays(groups: Sequence[Group], weights: Sequence[float],
       row_weights.append(weight)
   out = dict(pipeline.pad_batch(rows, length, pad_id),
              weights=np.asarray(row_weights, np.float32))
-  if advantage is not None:
+  if groups[0].token_advantages is not None:
+    out['advantages'] = per_token(groups, length, 'token_advantages')
+  elif advantage is not None:
     rewards = np.stack([g.rewards for g in groups])  # [P, G]
     out['advantages'] = np.asarray(advantage(jnp.asarray(
         rewards))).reshape(-1).astype(np.float32)
@@ -69,15 +75,22 @@ def to_arrays(groups: Sequence[Group], weights: Sequence[float],
 
 def rollout_logps(groups: Sequence[Group], length: int) -> np.ndarray:
   """[N, length - 1]: the rollout engine's log-probability of each next
-  token, laid out like the trainer's (`loss.token_logps`): the completion
-  token at position p is predicted at p - 1."""
+  token, laid out like the trainer's (`loss.token_logps`)."""
+  return per_token(groups, length, 'logprobs')
+
+
+def per_token(groups: Sequence[Group], length: int, field: str
+              ) -> np.ndarray:
+  """[N, length - 1]: a per-completion-token field of the groups, laid
+  out like the trainer's log-probabilities: the completion token at
+  position p is predicted at p - 1."""
   out = np.zeros((sum(len(g.completions) for g in groups), length - 1),
                  np.float32)
   row = 0
   for group in groups:
-    for logprobs in group.logprobs:
+    for values in getattr(group, field):
       start = len(group.prompt) - 1
-      out[row, start:start + len(logprobs)] = logprobs
+      out[row, start:start + len(values)] = values
       row += 1
   return out
 
@@ -154,16 +167,27 @@ class _Generated:
   completions: list[list[int]]  # through the stop token
   logprobs: list[list[float]]
   versions: list[list[int]] | None  # per token, when the engine records it
+  tree: tree_lib.Tree | None = None  # a tree rollout's structure
 
 
 def _generate(sampler: Any, prompts: list[dict[str, Any]], rl: Any,
               sampling: Any, counts: dict[str, int]) -> _Generated:
   rows_prompts = [p['prompt'] for p in prompts
                   for _ in range(rl.num_generations)]
-  out = sampler.generate([p['prompt'] for p in prompts], dataclasses.replace(
-      sampling, generations=rl.num_generations))
+  sampling = dataclasses.replace(sampling, generations=rl.num_generations)
+  grown = None
+  if rl.tree.chains:
+    grown = sampler.generate_tree([p['prompt'] for p in prompts], sampling,
+                                  tree_lib.TreeShape.from_block(rl.tree))
+    out = grown.completions
+  else:
+    out = sampler.generate([p['prompt'] for p in prompts], sampling)
   tokens, logprobs, lengths = fetch((out.tokens, out.logprobs, out.lengths))
-  counts['generated'] += int(lengths.sum())
+  decoded = grown.decoded() if grown else int(lengths.sum())
+  counts['generated'] += decoded
+  if grown:  # tokens shared with a branch's ancestors, not decoded again
+    counts['tree_shared'] = counts.get('tree_shared', 0) + int(
+        lengths.sum()) - decoded
   if out.log_kept is not None and (sampling.top_k or sampling.top_p < 1):
     # nats top-k/top-p cut from the policy, over the generated tokens
     counts['truncated_nats'] = counts.get('truncated_nats', 0.0) - float(
@@ -171,7 +195,8 @@ def _generate(sampler: Any, prompts: list[dict[str, Any]], rl: Any,
                         0.0)))
   rows = lambda x: [x[r, :n].tolist() for r, n in enumerate(lengths)]
   return _Generated(prompts, rows_prompts, rows(tokens), rows(logprobs),
-                    None if out.versions is None else rows(out.versions))
+                    None if out.versions is None else rows(out.versions),
+                    grown)
 
 
 def _score(generated: _Generated, tokenizer: Any, rl: Any,
@@ -202,6 +227,16 @@ def _score(generated: _Generated, tokenizer: Any, rl: Any,
         per_fn, [generated.logprobs[r] for r in rows], dataset,
         versions=generated.versions and [generated.versions[r]
                                          for r in rows]))
+  if generated.tree:
+    t = rl.tree
+    advantages = tree_lib.advantages(
+        generated.tree, np.concatenate([g.rewards for g in groups]),
+        rl.num_generations, t.segment, t.local_weight, t.global_weight,
+        t.by_leaves)
+    for i, group in enumerate(groups):
+      group.token_advantages = [
+          advantages[i * rl.num_generations + j, :len(c)].tolist()
+          for j, c in enumerate(group.completions)]
   return groups
 
 

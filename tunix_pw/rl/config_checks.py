@@ -11,6 +11,7 @@ from tunix_pw.models import checkpoints
 from tunix_pw.rl import asynchronous, functions, plan as plan_lib
 from tunix_pw.rl import prompts as prompts_lib, rewards
 from tunix_pw.runtime import meshes as meshes_lib
+from tunix_pw.sampling import tree as tree_lib
 from tunix_pw.train import evaluate, optim, setup
 
 
@@ -40,6 +41,17 @@ def validate(config: Any) -> None:
                      f'{source.scorer}: {source.setup}.')
   if plan_lib.from_teacher(rl):
     check_teacher(config)
+  if rl.tree.chains:
+    tree_lib.TreeShape.from_block(rl.tree).check(rl.num_generations)
+    if source:
+      raise UsageError(f'--config.rl.tree.chains={rl.tree.chains}: a tree '
+                       "rollout's advantages are the tree's, not "
+                       f'--config.rl.advantage={rl.advantage}; use a group '
+                       'advantage (grpo) or tree.chains=0.')
+    if rl.decode_chunk:
+      raise UsageError(f'--config.rl.tree.chains={rl.tree.chains}: a tree '
+                       'rollout decodes in its own segments; set '
+                       '--config.rl.decode_chunk=0.')
   samples = rl.prompts_per_step * rl.num_generations
   if rl.dynamic_sampling and rl.num_generations < 2:
     raise UsageError('--config.rl.dynamic_sampling drops groups of equal '

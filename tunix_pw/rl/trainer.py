@@ -329,7 +329,7 @@ def compile_plan(config: Any, meshes: meshes_lib.RoleMeshes,
           config, rl.mini_batch_size, policy.mesh,
           token_names=programs.needed + (
               ('advantages',) if functions.token_advantage(rl.advantage)
-              else ()))),
+              or rl.tree.chains else ()))),
       *generation(config, rollout_model, rollout_mesh),
       *plan_lib.scorer_phases(config, meshes, resident)]
   out = plans.Plan(resident, plan_phases, [plans.Transfer(

@@ -32,6 +32,11 @@ class TreeShape:
   branches: int  # live chains per prompt that fork at a branch point
   forks: int  # new chains each of them starts there
 
+  @classmethod
+  def from_block(cls, block) -> 'TreeShape':
+    """From a config's `rl.tree` block."""
+    return cls(block.chains, block.segment, block.branches, block.forks)
+
   def check(self, generations: int, field: str = '--config.rl.tree') -> None:
     if not 1 <= self.chains <= generations:
       raise UsageError(f'{field}.chains={self.chains} must be from 1 to the '
