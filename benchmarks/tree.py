@@ -1,20 +1,23 @@
 """Tree rollouts against independent chains: rollout seconds per leaf and
 tokens decoded per leaf, same sampler, same rows.
 
-The sampler benchmark's small workload (benchmarks/sampler.py), 8 prompts
-of 32 tokens, 8 rows (leaves) each, 64 new tokens (EOS ignored),
+A workload of the sampler benchmark (benchmarks/sampler.py), 8 prompts
+of its prompt length, 8 leaves each, its new tokens (EOS ignored),
 temperature 1: `generate` with 8 generations per prompt against
-`generate_tree` with 2 chains from the prompt, a branch point every 16
-tokens, the most surprising live chain forking 3 times. One warm-up call
-each, then the median of 5 rounds, the two calls interleaved; each call
-ends with its tokens on the host. Prints one JSON line.
+`generate_tree` with 1 chain from the prompt, a branch point every 8
+tokens where the most surprising live chain forks once (8 leaves by the
+7th). The tree's decode batch grows with it (2, 4, then 8 rows per
+prompt). One warm-up call each, then the median of 5 rounds, the two
+calls interleaved; each call ends with its tokens on the host. Prints one
+JSON line per workload.
 
-  python benchmarks/tree.py
+  python benchmarks/tree.py [--workloads=small,large]
 
 Target (issue 56): rollout seconds per leaf at least 1.3x lower for the
 tree.
 """
 
+import argparse
 import json
 import os
 import statistics
@@ -34,27 +37,29 @@ from tunix_pw.sampling import tree  # pylint: disable=g-import-not-at-top,wrong-
 from tunix_pw.sampling.rollout import SamplingConfig  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tunix_pw.sampling.sampler import Sampler  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-PROMPTS, LENGTH, ROWS, NEW = 8, 32, 8, 64
-SHAPE = tree.TreeShape(chains=2, segment=16, branches=1, forks=3)
+PROMPTS, ROWS = 8, 8
+SHAPE = tree.TreeShape(chains=1, segment=8, branches=1, forks=1)
 
 
-def main() -> None:
-  cfg = sampler_bench.model_config('small')
+def run(workload: str) -> dict:
+  cfg = sampler_bench.model_config(workload)
+  _, _, length, new = sampler_bench.WORKLOADS[workload]
   sampler = Sampler(checkpoints.init(cfg, seed=0), pad_id=0, eos_ids=())
   prompts = np.random.default_rng(0).integers(
-      2, cfg.vocab_size, (PROMPTS, LENGTH)).tolist()
-  sampling = SamplingConfig(max_new_tokens=NEW, temperature=1.0,
+      2, cfg.vocab_size, (PROMPTS, length)).tolist()
+  sampling = SamplingConfig(max_new_tokens=new, temperature=1.0,
                             ignore_eos=True, generations=ROWS)
-  decoded = {}
+  decoded, leaves = {}, {}
 
   def chains():
     out = sampler.generate(prompts, sampling)
     decoded['chains'] = int(jax.device_get(out.lengths).sum())
+    leaves['chains'] = PROMPTS * ROWS
     jax.device_get(out.tokens)
 
   def grown():
     out = sampler.generate_tree(prompts, sampling, SHAPE)
-    decoded['tree'] = out.decoded()
+    decoded['tree'], leaves['tree'] = out.decoded(), int(out.active.sum())
     jax.device_get(out.completions.tokens)
 
   calls = dict(chains=chains, tree=grown)
@@ -66,15 +71,22 @@ def main() -> None:
       start = time.perf_counter()
       call()
       seconds[name].append(time.perf_counter() - start)
-  leaves = PROMPTS * ROWS
-  per_leaf = {n: statistics.median(s) / leaves for n, s in seconds.items()}
-  print(json.dumps(dict(
-      workload='small', prompts=PROMPTS, leaves_per_prompt=ROWS,
-      new_tokens=NEW, tree=vars(SHAPE),
+  per_leaf = {n: statistics.median(s) / leaves[n]
+              for n, s in seconds.items()}
+  return dict(
+      workload=workload, prompts=PROMPTS, leaves=leaves, new_tokens=new,
+      tree=vars(SHAPE),
       seconds_per_leaf={n: round(v, 5) for n, v in per_leaf.items()},
-      decoded_tokens_per_leaf={n: round(v / leaves, 1)
-                               for n, v in decoded.items()},
-      speedup=round(per_leaf['chains'] / per_leaf['tree'], 2))))
+      decoded_tokens_per_leaf={n: round(decoded[n] / leaves[n], 1)
+                               for n in decoded},
+      speedup=round(per_leaf['chains'] / per_leaf['tree'], 2))
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser()
+  parser.add_argument('--workloads', default='small,large')
+  for workload in parser.parse_args().workloads.split(','):
+    print(json.dumps(run(workload)), flush=True)
 
 
 if __name__ == '__main__':

@@ -130,3 +130,11 @@ def test_tree_advantages_by_hand():
                                 4, 2, local=0.0, by_leaves=False)
   np.testing.assert_allclose(only_global[1], [-0.25, -0.25, -0.75, -0.75])
   assert not tree.advantages(hand_tree(), np.ones(4), 4, 2).any()
+
+
+def test_the_decode_batch_holds_the_used_rows_only():
+  """Per prompt its used rows, padded to a power of two (at least 2)."""
+  active = np.array([1, 0, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0], bool)  # 2 x 6
+  assert tree.layout(active, 6).tolist() == [0, 2, -1, -1, 6, 7, 8, -1]
+  assert tree.layout(tree.roots(3, 4, 1), 4).tolist() == [0, -1, 4, -1,
+                                                          8, -1]

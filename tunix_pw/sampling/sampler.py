@@ -68,7 +68,7 @@ class Sampler:
                             static_argnames=('cache_size', 'generations'))
     self._decode_chunk = jax.jit(self._continue, static_argnames=statics,
                                  donate_argnums=(1,))
-    self._branch = jax.jit(self._take_rows, donate_argnums=(0,))
+    self._branch = jax.jit(self._take_rows)
 
   # ------------------------------------------------------------ weights
 
@@ -177,46 +177,75 @@ class Sampler:
     """`sampling.generations` rows per prompt grown as a tree
     (sampling/tree.py): `shape.chains` decode from the prompt, and after
     every `shape.segment` tokens the most uncertain live chains fork into
-    unused rows, their KV cache copied."""
+    unused rows, their KV cache copied. The decode batch holds the used
+    rows only (`tree.layout`), so it grows with the tree."""
     shape.check(sampling.generations)
     rows, cache_size = self._prompt_rows(prompts, sampling)
     max_new, stops, temperature, top_p, key = self._scalars(sampling)
     params = self.serving()[0]
     g, n = sampling.generations, sampling.max_new_tokens
-    state = self._prefill(params, *rows, key, cache_size=cache_size,
-                          generations=g)
     active = tree_lib.roots(len(prompts), g, shape.chains)
     parent = np.full(active.shape, -1)
     born = np.zeros(active.shape, np.int32)
-    state = self._branch(state, np.arange(len(active)), ~active)
+    slots = tree_lib.layout(active, g)  # batch row -> its row of the tree
+    state = self._prefill(params, *rows, key, cache_size=cache_size,
+                          generations=len(slots) // len(prompts))
+    never = np.zeros(len(slots), bool)
+    state = self._branch(state, np.arange(len(slots)), slots < 0, never, key)
     for start in range(0, n, shape.segment):
       end = min(start + shape.segment, n)
       state = self._decode_chunk(
           params, state, np.int32(end), max_new, stops, temperature, top_p,
           cache_size=cache_size, **self._statics(sampling))
       logprobs, lengths, done = jax.device_get(state[4:7])
-      if end == n or done[active].all():
+      used = slots >= 0
+      row_done = np.ones(active.shape, bool)
+      row_done[slots[used]] = done[used]
+      if end == n or row_done[active].all():
         break
-      source = tree_lib.branch(shape, g, active, done, tree_lib.surprisal(
-          logprobs, lengths, start, end))
+      uncertainty = np.zeros(active.shape)
+      uncertainty[slots[used]] = tree_lib.surprisal(
+          logprobs, lengths, start, end)[used]
+      source = tree_lib.branch(shape, g, active, row_done, uncertainty)
       forked = source != np.arange(len(source))
       if forked.any():
         parent[forked], born[forked], active[forked] = source[forked], end, True
-        state = self._branch(state, source, ~active)
-    tokens, logprobs, lengths = state[3][:, :n], state[4][:, :n], state[5]
-    mask = jnp.arange(n)[None] < lengths[:, None]
-    return tree_lib.Tree(Completions(tokens, logprobs, mask, lengths,
-                                     log_kept=state[9][:, :n]),
+        batch_row = dict(zip(slots[used], np.flatnonzero(used)))
+        slots = tree_lib.layout(active, g)
+        state = self._branch(
+            state, np.array([batch_row[source[s]] if s >= 0 else 0
+                             for s in slots]), slots < 0,
+            (slots >= 0) & forked[slots], jax.random.fold_in(key, end))
+    return tree_lib.Tree(self._by_tree_row(state, slots, len(active), n),
                          parent, born, active)
 
+  def _by_tree_row(self, state, slots: np.ndarray, count: int,
+                   n: int) -> Completions:
+    """The decode state's completions, each batch row's at its row of the
+    tree (`slots`); the tree's unused rows empty."""
+    tokens, logprobs, lengths, kept = jax.device_get(
+        (state[3][:, :n], state[4][:, :n], state[5], state[9][:, :n]))
+    used = slots >= 0
+    out = (np.full((count, n), self.pad_id, np.int32),
+           np.zeros((count, n), np.float32), np.zeros(count, np.int32),
+           np.zeros((count, n), np.float32))
+    for whole, part in zip(out, (tokens, logprobs, lengths, kept)):
+      whole[slots[used]] = part[used]
+    mask = np.arange(n)[None] < out[2][:, None]
+    return Completions(out[0], out[1], mask, out[2], log_kept=out[3])
+
   @staticmethod
-  def _take_rows(state, rows, parked) -> tuple[Any, ...]:
-    """The decode loop's state with row i taking row `rows[i]`'s place
-    (its cache, tokens and counters: a fork) and keeping its own random
-    numbers; `parked` rows are done (unused slots)."""
+  def _take_rows(state, rows, parked, fresh, key) -> tuple[Any, ...]:
+    """The decode loop's state of batch rows `rows` of this one (a row
+    repeated: a fork, its cache, tokens and counters copied); `parked`
+    rows are done (padding), and `fresh` ones (new forks) draw random
+    numbers of their own from `key`."""
     take = lambda a: a[rows]
+    uniforms = state[8][:, rows]
+    uniforms = jnp.where(fresh[None], jax.random.uniform(key, uniforms.shape),
+                         uniforms)
     return (state[0], state[1].take(rows), *map(take, state[2:6]),
-            take(state[6]) | parked, take(state[7]), state[8],
+            take(state[6]) | parked, take(state[7]), uniforms,
             take(state[9]))
 
   def lower(self, batch: int, prompt_length: int,

@@ -38,6 +38,9 @@ class TreeShape:
     return cls(block.chains, block.segment, block.branches, block.forks)
 
   def check(self, generations: int, field: str = '--config.rl.tree') -> None:
+    if generations < 2:
+      raise UsageError(f'a tree needs at least 2 generations per prompt to '
+                       f'branch into; there are {generations}.')
     if not 1 <= self.chains <= generations:
       raise UsageError(f'{field}.chains={self.chains} must be from 1 to the '
                        f'{generations} generations per prompt (its slots).')
@@ -67,6 +70,21 @@ def roots(prompts: int, generations: int, chains: int) -> np.ndarray:
   """[prompts x generations] True for the first `chains` slots of each
   prompt: the chains decoded from the prompt."""
   return np.tile(np.arange(generations) < chains, prompts)
+
+
+def layout(active: np.ndarray, generations: int) -> np.ndarray:
+  """The decode batch for the used rows of a tree: per prompt, its used
+  rows in order, padded (-1) to one count for every prompt, a power of
+  two of at least 2 (a one-row batch's cache drops its batch axis; few
+  distinct batch shapes compile). Returns each batch row's row of the
+  tree."""
+  used = active.reshape(-1, generations)
+  width = max(2, 1 << (int(used.sum(1).max()) - 1).bit_length())
+  out = np.full((len(used), width), -1)
+  for prompt, flags in enumerate(used):
+    rows = np.flatnonzero(flags) + prompt * generations
+    out[prompt, :len(rows)] = rows
+  return out.ravel()
 
 
 def surprisal(logprobs: np.ndarray, lengths: np.ndarray, start: int,
