@@ -276,24 +276,27 @@ def _token_lengths(config: ml_collections.ConfigDict) -> dict[str, int]:
 
 
 def _pass_rows(config: ml_collections.ConfigDict) -> dict[str, int]:
-  """The rows of the passes a job trains with, which pipeline
-  micro-batches must divide: an RL job's gradient and log-probability
-  micro-batches, else a train step's micro-batch (each sequence of a
-  pair is a pass of its own)."""
+  """With stages on the actor's mesh, the rows of its train passes, which
+  pipeline micro-batches must divide: an RL job's gradient micro-batch,
+  else a train step's micro-batch (each sequence of a pair is a pass of
+  its own). Other passes (log-probabilities, a reference's, a critic's)
+  run only in some configurations, so they are checked when traced."""
+  if _stages(config, ('actor',)) == 1:
+    return {}
   if 'rl' in config:
-    return {'--config.rl.micro_batch_size': config.rl.micro_batch_size,
-            '--config.rl.logps_micro_batch_size':
-                config.rl.logps_micro_batch_size}
+    return {'--config.rl.micro_batch_size': config.rl.micro_batch_size}
   if 'micro_batches' in config:
     return {'--config.batch_size / micro_batches':
                 config.batch_size // max(config.micro_batches, 1)}
   return {}
 
 
-def _stages(config: ml_collections.ConfigDict) -> int:
-  """The widest stage axis of the job's meshes (pipeline stages)."""
+def _stages(config: ml_collections.ConfigDict,
+            roles: tuple[str, ...] | None = None) -> int:
+  """The widest stage axis of the job's meshes (pipeline stages), or of
+  `roles`' meshes."""
   return max([size for role, block in config.meshes.items()
-              if role != 'layout'
+              if role != 'layout' and (roles is None or role in roles)
               for name, size in meshes.parse_axes(
                   block.axes, f'--config.meshes.{role}.axes')
               if name == meshes.STAGE] + [1])
