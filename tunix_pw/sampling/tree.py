@@ -117,10 +117,12 @@ def owners(parent: np.ndarray, born: np.ndarray, length: int) -> np.ndarray:
   """[R, length]: the row that decoded each row's token t (itself from
   `born` on, an ancestor before)."""
   out = np.tile(np.arange(len(parent))[:, None], (1, length))
-  for t in range(length):
-    for row in range(len(parent)):
-      while born[out[row, t]] > t:
-        out[row, t] = parent[out[row, t]]
+  t = np.arange(length)[None]
+  for _ in range(len(parent)):  # at most one step up per ancestor
+    up = born[out] > t
+    if not up.any():
+      break
+    out = np.where(up, parent[out], out)
   return out
 
 
@@ -138,22 +140,21 @@ def advantages(tree: Tree, rewards: np.ndarray, generations: int,
   row's end get 0."""
   lengths = np.asarray(tree.completions.lengths)
   n = np.asarray(tree.completions.tokens).shape[1]
-  owner = owners(tree.parent, tree.born, n)
-  out = np.zeros((len(rewards), n), np.float32)
-  for first in range(0, len(rewards), generations):
-    rows = [r for r in range(first, first + generations) if tree.active[r]]
-    root = rewards[rows].mean()
-
-    def value(row, t):  # (V, leaves) of row's node at token t
-      leaves = [r for r in rows if lengths[r] > t and
-                owner[r, t] == owner[row, t]]
-      return rewards[leaves].mean(), len(leaves)
-
-    for row in rows:
-      for t in range(lengths[row]):
-        v, count = value(row, t)
-        start = t - t % segment
-        parent = value(row, start - 1)[0] if start else root
-        a = global_ * (v - root) + local * (v - parent)
-        out[row, t] = a / np.sqrt(count) if by_leaves else a
-  return out
+  # [prompts, G, N] each: the token's decoding row, whether it exists.
+  owner = owners(tree.parent, tree.born, n).reshape(-1, generations, n)
+  present = ((np.arange(n)[None] < lengths[:, None]) &
+             tree.active[:, None]).reshape(owner.shape)
+  reward = rewards.reshape(-1, generations)
+  # shared[p, i, j, t]: rows i and j share token t (j has it).
+  shared = (owner[:, :, None] == owner[:, None]) & present[:, None]
+  leaves = shared.sum(2)
+  value = (shared * reward[:, None, :, None]).sum(2) / np.maximum(leaves, 1)
+  used = tree.active.reshape(reward.shape)
+  root = ((reward * used).sum(1) / np.maximum(used.sum(1), 1))[:, None, None]
+  start = np.arange(n) - np.arange(n) % segment  # each token's segment
+  parent = np.where(start > 0, value[..., np.maximum(start - 1, 0)], root)
+  out = global_ * (value - root) + local * (value - parent)
+  if by_leaves:
+    out = out / np.sqrt(np.maximum(leaves, 1))
+  return np.where(present, out, 0.0).reshape(len(rewards), n).astype(
+      np.float32)
