@@ -77,6 +77,13 @@ def test_bad_agent_settings_are_config_errors(field, value, message):
     pipeline.validate(config)
 
 
+def test_episodes_are_not_grown_as_trees():
+  config = agentic.get_config('runlocal')
+  config.agentic.rl.tree.chains = 2
+  with pytest.raises(UsageError, match='--config.rl.tree'):
+    pipeline.validate(config)
+
+
 def test_a_bad_setting_stops_main_before_any_work(tmp_path):
   result = helpers.run_main(*PULSE, '--config.agentic.rl.dynamic_sampling=true',
                             f'--workdir={tmp_path}')

@@ -40,10 +40,11 @@ def validate(config: Any) -> None:
       raise UsageError(f'--config.agent.{field}={agent[field]} must be '
                        'positive.')
   if rl.dynamic_sampling or functions.token_advantage(rl.advantage) or (
-      config.mixture):
+      config.mixture or rl.tree.chains):
     raise UsageError('agentic RL compares the episodes of a group by their '
                      'rewards: it takes no --config.rl.dynamic_sampling, '
-                     'per-token advantage or --config.mixture.')
+                     'per-token advantage, --config.rl.tree or '
+                     '--config.mixture.')
 
 
 
