@@ -3,8 +3,12 @@ feature bind (sliding windows shorter than the sequence, soft-caps small
 enough to clip, Llama-3 RoPE scaling, a Gemma 3 global layer, GQA and MQA),
 written with transformers' own save_pretrained."""
 
+from flax import nnx
+import numpy as np
 import torch
 import transformers
+
+from tunix_pw.models import checkpoints, hf
 
 SEQ = 12  # longer than every sliding window below
 
@@ -42,13 +46,34 @@ CONFIGS = {
 }
 
 
+# Gemma 3 with images: 32-pixel images in 4-pixel patches (an 8 x 8 grid)
+# pooled to 16 soft tokens, longer than the decoder's sliding window.
+IMAGE_TOKEN, BEGIN_IMAGE, END_IMAGE = 99, 97, 98
+
+
+def vision_language_config():
+  text = CONFIGS['gemma3']().to_dict()
+  text['vocab_size'] = 100
+  return transformers.Gemma3Config(
+      text_config=text,
+      vision_config=dict(hidden_size=48, intermediate_size=80,
+                         num_hidden_layers=2, num_attention_heads=2,
+                         image_size=32, patch_size=4, vision_use_head=False),
+      mm_tokens_per_image=16, image_token_index=IMAGE_TOKEN,
+      boi_token_index=BEGIN_IMAGE, eoi_token_index=END_IMAGE)
+
+
 def make(family: str, directory: str, seed: int = 0):
   """Saves a random float32 model of `family`; returns the torch model."""
   torch.manual_seed(seed)
-  config = CONFIGS[family]()
+  if family == 'gemma3_vision':
+    config = vision_language_config()
+    build = transformers.Gemma3ForConditionalGeneration._from_config  # pylint: disable=protected-access
+  else:
+    config = CONFIGS[family]()
+    build = transformers.AutoModelForCausalLM.from_config
   config._attn_implementation = 'eager'  # pylint: disable=protected-access
-  model = transformers.AutoModelForCausalLM.from_config(
-      config, torch_dtype=torch.float32).eval()
+  model = build(config, torch_dtype=torch.float32).eval()
   with torch.no_grad():  # every weight random, norm scales included
     for p in model.parameters():
       p.copy_(torch.randn_like(p) * 0.2)
@@ -62,3 +87,16 @@ def logits(model, tokens, mask, positions):
                 attention_mask=torch.tensor(mask),
                 position_ids=torch.tensor(positions))
   return out.logits.float().numpy()
+
+
+def export(directory: str, out: str) -> None:
+  """Writes our load of the checkpoint in `directory` to `out` and checks
+  that it loads back to the same config and parameters."""
+  model, cfg = checkpoints.load(directory)
+  hf.save(out, cfg, nnx.state(model))
+  again, cfg2 = checkpoints.load(out)
+  assert cfg2 == cfg
+  for (p1, a), (p2, b) in zip(nnx.state(model).flat_state(),
+                              nnx.state(again).flat_state()):
+    assert p1 == p2
+    np.testing.assert_array_equal(a.get_value(), b.get_value())

@@ -204,12 +204,12 @@ def test_on_cpu_the_prefill_and_decode_loop_slice_no_weights(model):
   rows = jnp.zeros((3, 16), jnp.int32)
   state = jax.eval_shape(functools.partial(sampler._prefill, cache_size=32,
                                            generations=1),
-                         sampler.params, rows, rows, rows, key)
+                         sampler.params, rows, rows, rows, None, key)
   decode = sampler._decode_chunk.lower(
       sampler.params, state, 16, max_new, stops, temperature, top_p,
       cache_size=32, **sampler._statics(config))
   whole = sampler._generate.lower(
-      sampler.params, rows, rows, rows, *scalars, cache_size=32,
+      sampler.params, rows, rows, rows, None, *scalars, cache_size=32,
       generations=1, **sampler._statics(config))
   stacked = model.groups[0][0].mlp.gate.shape  # [repeats, embed, mlp]
   assert stacked[0] > 1

@@ -95,11 +95,12 @@ def optimizer(learning_rate: float = 1e-4, warmup_steps: int = 10,
 
 
 def lora(rank: int = 0) -> ml_collections.ConfigDict:
-  """LoRA adapters (rank 0: off) on the weights whose paths match `targets`;
+  """LoRA adapters (rank 0: off) on the weights whose paths match `targets`
+  (by default the decoder's: a vision tower's, 'vision/...', stay frozen);
   quantize='int8' keeps the frozen base in int8 (QLoRA)."""
   return ml_collections.ConfigDict(dict(
       rank=rank, alpha=16.0, quantize='',
-      targets=r'.*(attn/(q|k|v|o)|mlp/(gate|up|down))'))
+      targets=r'(.*/)?groups/.*(attn/(q|k|v|o)|mlp/(gate|up|down))'))
 
 
 def checkpointing(every: int = 100, keep: int = 3) -> ml_collections.ConfigDict:

@@ -126,7 +126,8 @@ HELP: dict[str, str] = {
     'lora.quantize': "'int8' keeps the frozen base in int8 (QLoRA); '': as "
                      'stored.',
     'lora.targets': 'A regular expression over parameter paths: the '
-                    'weights that get adapters.',
+                    'weights that get adapters (a vision tower\'s paths '
+                    'start with vision/).',
     # Data.
     'data.name': 'The dataset: arithmetic (built in), gsm8k, preferences, '
                  'chat or code (JSONL in manual_dir; docs/data.md).',

@@ -99,7 +99,7 @@ def load_into(directory: str, kind: str, model: nnx.Module, cfg: ModelConfig,
     value = var.get_value()
     placed.append((path, var.replace(place(
         views[path], value.shape, value.dtype, target,
-        stacked=hf.decoder_path(path)[0] == 'groups',
+        stacked=hf.stacked(path),
         name='/'.join(map(str, path))))))
   return nnx.merge(graphdef, nnx.from_flat_state(placed))
 

@@ -2,8 +2,9 @@
 
 One dataclass covers Gemma 1/2/3, Llama 3 and Qwen 3; the families differ in
 a handful of switches (norm style, activation, soft-caps, QK-norm, per-layer
-attention type and RoPE). `from_hf` reads a Hugging Face `config.json` in its
-old and new spellings.
+attention type and RoPE). Gemma 3's vision-language models add a `Vision`
+(the SigLIP tower and the projector to the decoder's image tokens).
+`from_hf` reads a Hugging Face `config.json` in its old and new spellings.
 """
 
 from __future__ import annotations
@@ -27,6 +28,42 @@ class Rope:
   low_freq_factor: float = 1.0  # llama3
   high_freq_factor: float = 4.0  # llama3
   original_max_position: int = 8192  # llama3
+
+
+@dataclasses.dataclass(frozen=True)
+class Vision:
+  """Gemma 3's image encoder (a SigLIP vision transformer over
+  `image_size`² pixels in `patch_size`² patches) and its projector, which
+  pools the patches to `tokens_per_image` soft tokens that replace the
+  prompt's `image_token`s."""
+
+  embed_dim: int
+  mlp_dim: int
+  num_layers: int
+  num_heads: int
+  image_size: int
+  patch_size: int
+  tokens_per_image: int
+  image_token: int
+  begin_image: int = 255_999  # the tokens around an image's soft tokens
+  end_image: int = 256_000
+  channels: int = 3
+  norm_eps: float = 1e-6
+
+  def __post_init__(self):
+    side = self.image_size // self.patch_size
+    pooled = round(self.tokens_per_image ** 0.5)
+    if (self.image_size % self.patch_size or pooled ** 2 !=
+        self.tokens_per_image or side % pooled or self.embed_dim %
+        self.num_heads):
+      raise ValueError(
+          f'a {self.image_size}-pixel image in {self.patch_size}-pixel '
+          f'patches does not pool to {self.tokens_per_image} tokens, or '
+          f'{self.num_heads} heads do not divide {self.embed_dim}')
+
+  @property
+  def patches(self) -> int:
+    return (self.image_size // self.patch_size) ** 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +94,7 @@ class ModelConfig:
   rope_local: Rope = Rope()
   scan_period: int = 1  # layers per scanned block (Gemma 2: 2, Gemma 3: 6)
   max_position: int = 8192
+  vision: Vision | None = None  # Gemma 3's image encoder, when it has one
 
   def __post_init__(self):
     if not self.layer_types:
@@ -137,7 +175,9 @@ def from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
   if model_type not in _HF_FAMILIES:
     raise ValueError(f'unsupported model_type {model_type!r}; supported: '
                      f'{", ".join(sorted(_HF_FAMILIES))}')
+  vision = None
   if model_type == 'gemma3' and 'text_config' in cfg:
+    vision = _vision_from_hf(cfg)
     cfg = {**cfg['text_config'], 'model_type': 'gemma3_text'}
   family = _HF_FAMILIES[model_type]
   gemma = family.startswith('gemma')
@@ -184,4 +224,23 @@ def from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
       rope_local=rope_local,
       scan_period={'gemma2': 2, 'gemma3': 6}.get(family, 1),
       max_position=cfg.get('max_position_embeddings', 8192),
+      vision=vision,
   )
+
+
+def _vision_from_hf(cfg: Mapping[str, Any]) -> Vision | None:
+  """A Gemma 3 config's image encoder (None without a vision_config)."""
+  v = cfg.get('vision_config')
+  if not v:
+    return None
+  return Vision(
+      embed_dim=v['hidden_size'], mlp_dim=v['intermediate_size'],
+      num_layers=v['num_hidden_layers'], num_heads=v['num_attention_heads'],
+      image_size=v['image_size'], patch_size=v['patch_size'],
+      tokens_per_image=cfg.get('mm_tokens_per_image', 256),
+      image_token=cfg.get('image_token_index',
+                          cfg.get('image_token_id', 262_144)),
+      begin_image=cfg.get('boi_token_index', 255_999),
+      end_image=cfg.get('eoi_token_index', 256_000),
+      channels=v.get('num_channels', 3),
+      norm_eps=v.get('layer_norm_eps', 1e-6))

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from tunix_pw.errors import UsageError
-from tunix_pw.models import layers
+from tunix_pw.models import layers, vision
 from tunix_pw.models.config import GLOBAL, LOCAL, ModelConfig
 from tunix_pw.runtime.sharding import Sharder
 
@@ -103,15 +103,23 @@ def _squeeze_ones(x: jax.Array) -> jax.Array:
 
 
 def attention_masks(cfg: ModelConfig, q_positions, q_segments, q_slots,
-                    kv_positions, kv_segments, kv_slots) -> dict[str, Any]:
-  """[B, T, S] masks per attention type (True = attend)."""
+                    kv_positions, kv_segments, kv_slots, q_blocks=None,
+                    kv_blocks=None) -> dict[str, Any]:
+  """[B, T, S] masks per attention type (True = attend). With image
+  blocks (`vision.image_blocks`), an image's tokens also attend to each
+  other both ways."""
   same = ((q_segments[:, :, None] == kv_segments[:, None, :]) &
           (kv_segments[:, None, :] > 0))
-  masks = {GLOBAL: same & (kv_slots[:, None, :] <= q_slots[:, :, None])}
+  causal = kv_slots[:, None, :] <= q_slots[:, :, None]
+  masks = {GLOBAL: causal}
   if LOCAL in cfg.layer_types:
     distance = q_positions[:, :, None] - kv_positions[:, None, :]
-    masks[LOCAL] = masks[GLOBAL] & (distance < cfg.sliding_window)
-  return masks
+    masks[LOCAL] = causal & (distance < cfg.sliding_window)
+  if q_blocks is not None:
+    image = ((q_blocks[:, :, None] == kv_blocks[:, None, :]) &
+             (q_blocks[:, :, None] >= 0))
+    masks = {t: m | image for t, m in masks.items()}
+  return {t: same & m for t, m in masks.items()}
 
 
 class Layer(nnx.Module):
@@ -194,12 +202,16 @@ class Decoder(nnx.Module):
     if not cfg.tie_embeddings:
       self.lm_head = layers.param(rngs, (d, v), ('embed', 'vocab'), 0,
                                   param_dtype, fan_in=d)
+    if cfg.vision:
+      self.vision = vision.Tower(cfg, param_dtype=param_dtype, dtype=dtype,
+                                 rngs=rngs)
 
   def __call__(self, tokens: jax.Array, positions: jax.Array,
                segment_ids: jax.Array, cache: Cache | None = None,
                cache_slot: jax.Array | int = 0,
                shard: Sharder = Sharder(), last_only: bool = False,
-               layers: Layers | None = None, rotations: Any = None
+               layers: Layers | None = None, rotations: Any = None,
+               images: jax.Array | None = None
                ) -> tuple[jax.Array, Cache | None]:
     """tokens, positions, segment_ids: [B, T] (segment 0 = padding).
 
@@ -207,9 +219,11 @@ class Decoder(nnx.Module):
     with `last_only`: a prefill needs no others) and the updated cache (or
     None). With `layers` (`split_layers`), the layers run one after another
     from those parameters; `rotations`: `self.rotations(positions)`,
-    computed ahead."""
+    computed ahead; `images` [B, I, C, H, W]: each row's images, whose
+    soft tokens take the places of its image tokens in order (a model
+    with a vision tower)."""
     x, cache = self.hidden(tokens, positions, segment_ids, cache, cache_slot,
-                           shard, layers, rotations)
+                           shard, layers, rotations, images)
     if last_only:
       x = x[:, -1:]
     return self.logits(x, shard), cache
@@ -235,13 +249,38 @@ class Decoder(nnx.Module):
              segment_ids: jax.Array, cache: Cache | None = None,
              cache_slot: jax.Array | int = 0,
              shard: Sharder = Sharder(), layers: Layers | None = None,
-             rotations: Any = None) -> tuple[jax.Array, Cache | None]:
+             rotations: Any = None, images: jax.Array | None = None
+             ) -> tuple[jax.Array, Cache | None]:
     """The final-normed hidden states [B, T, D] (what the LM head and a
     value head read) and the updated cache (or None)."""
     x, cache, _ = self._forward(tokens, positions, segment_ids, cache,
                                 cache_slot, shard, collect=False,
-                                layers=layers, rotations=rotations)
+                                layers=layers, rotations=rotations,
+                                images=images)
     return x, cache
+
+  def embed(self, tokens: jax.Array, images: jax.Array | None = None
+            ) -> tuple[jax.Array, jax.Array | None]:
+    """The input embeddings [B, T, D], with `images`' soft tokens in place
+    of the image tokens, and the image blocks (`vision.image_blocks`; None
+    without images)."""
+    cfg = self.cfg
+    is_image = None
+    if images is not None:
+      if not cfg.vision:
+        raise ValueError(f'images given to a {cfg.family} model without a '
+                         'vision tower')
+      is_image = tokens == cfg.vision.image_token
+      tokens = jnp.where(is_image, 0, tokens)
+    x = jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)
+    if cfg.embed_scale:
+      x = x * jnp.asarray(cfg.embed_dim ** 0.5, self.dtype)
+    if is_image is None:
+      return x, None
+    b, count = images.shape[:2]
+    soft = self.vision(images.reshape((b * count,) + images.shape[2:]))
+    x = vision.merge(x, is_image, soft.reshape(b, -1, cfg.embed_dim))
+    return x, vision.image_blocks(is_image)
 
   def rotations(self, positions: jax.Array) -> dict[str, Any]:
     """RoPE's (sin, cos) per layer type at positions [B, T]. A decode
@@ -272,18 +311,17 @@ class Decoder(nnx.Module):
 
   def _forward(self, tokens, positions, segment_ids, cache, cache_slot,
                shard, collect: bool, layers: Layers | None = None,
-               rotations: Any = None):
+               rotations: Any = None, images: jax.Array | None = None):
     cfg = self.cfg
     b, t = tokens.shape
-    x = jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)
-    if cfg.embed_scale:
-      x = x * jnp.asarray(cfg.embed_dim ** 0.5, self.dtype)
+    x, blocks = self.embed(tokens, images)
     x = shard(x, 'batch', 'length', None)
 
     q_slots = jnp.broadcast_to(cache_slot + jnp.arange(t), (b, t))
     if cache is None:
       masks = attention_masks(cfg, positions, segment_ids, q_slots,
-                              positions, segment_ids, q_slots)
+                              positions, segment_ids, q_slots, blocks,
+                              blocks)
     else:
       cache = cache.replace(
           positions=jax.lax.dynamic_update_slice_in_dim(
@@ -291,8 +329,14 @@ class Decoder(nnx.Module):
           segments=jax.lax.dynamic_update_slice_in_dim(
               cache.segments, segment_ids.astype(jnp.int32), cache_slot, 1))
       kv_slots = jnp.broadcast_to(jnp.arange(cache.size), (b, cache.size))
+      # An image's tokens all arrive in one call (the prefill).
+      kv_blocks = None if blocks is None else (
+          jax.lax.dynamic_update_slice_in_dim(
+              jnp.full((b, cache.size), -1, blocks.dtype), blocks,
+              cache_slot, 1))
       masks = attention_masks(cfg, positions, segment_ids, q_slots,
-                              cache.positions, cache.segments, kv_slots)
+                              cache.positions, cache.segments, kv_slots,
+                              blocks, kv_blocks)
 
     if rotations is None:
       rotations = self.rotations(positions)

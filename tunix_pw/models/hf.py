@@ -25,8 +25,23 @@ from tunix_pw.models import safetensors_io
 from tunix_pw.models.config import ModelConfig
 
 CONFIG = 'config.json'
-# Tensors of a checkpoint that a text decoder does not use.
-_IGNORED = ('vision_tower', 'multi_modal_projector', 'rotary_emb.inv_freq')
+# Tensors of a checkpoint that the model does not use (Gemma 3 reads the
+# vision tower's last hidden states, not its pooling head).
+_IGNORED = ('vision_tower.head.', 'vision_model.head.', 'rotary_emb.inv_freq')
+
+
+@dataclasses.dataclass(frozen=True)
+class Prefixes:
+  """Where a checkpoint keeps the decoder's, the vision tower's and the
+  projector's tensors."""
+
+  text: str = 'model.'
+  vision: str = 'model.vision_tower.'
+  projector: str = 'model.multi_modal_projector.'
+
+
+# What transformers writes for Gemma3ForConditionalGeneration.
+VISION_LANGUAGE = Prefixes('model.language_model.')
 
 
 def read_config(directory: str) -> ModelConfig:
@@ -98,6 +113,61 @@ def _layer_tensor(cfg: ModelConfig, tail: tuple[str, ...]) -> Tensor:
   return Tensor(*table[tail])
 
 
+def _vision_tensors(cfg: ModelConfig, path: tuple[str, ...],
+                    prefixes: Prefixes) -> list[Tensor]:
+  """The checkpoint tensors of the vision tower's parameter at `path`
+  (below 'vision'; a block's, one per encoder layer)."""
+  v = cfg.vision
+  e, f, n, d = v.embed_dim, v.mlp_dim, v.num_heads, cfg.embed_dim
+  h, pixels = e // n, (v.channels, v.patch_size, v.patch_size)
+  fixed = {
+      ('patch',): ('embeddings.patch_embedding.weight', (e,) + pixels,
+                   lambda w: w.reshape(e, -1).T,
+                   lambda x: x.T.reshape((e,) + pixels)),
+      ('patch_bias',): ('embeddings.patch_embedding.bias', (e,)),
+      ('position',): ('embeddings.position_embedding.weight',
+                      (v.patches, e)),
+      ('final_norm', 'scale'): ('post_layernorm.weight', (e,)),
+      ('final_norm', 'bias'): ('post_layernorm.bias', (e,)),
+  }
+  projector = {
+      ('soft_norm', 'scale'): ('mm_soft_emb_norm.weight', (e,)),
+      ('projection',): ('mm_input_projection_weight', (e, d)),
+  }
+  heads_out = (lambda w: w.T.reshape(e, n, h), lambda x: x.reshape(e, -1).T)
+  block = {
+      ('pre_attn_norm', 'scale'): ('layer_norm1.weight', (e,)),
+      ('pre_attn_norm', 'bias'): ('layer_norm1.bias', (e,)),
+      ('pre_mlp_norm', 'scale'): ('layer_norm2.weight', (e,)),
+      ('pre_mlp_norm', 'bias'): ('layer_norm2.bias', (e,)),
+      ('attn', 'o'): ('self_attn.out_proj.weight', (e, e),
+                      lambda w: w.T.reshape(n, h, e),
+                      lambda x: x.reshape(e, e).T),
+      ('attn', 'o_bias'): ('self_attn.out_proj.bias', (e,)),
+      ('mlp', 'up'): ('mlp.fc1.weight', (f, e), _transpose, _transpose),
+      ('mlp', 'up_bias'): ('mlp.fc1.bias', (f,)),
+      ('mlp', 'down'): ('mlp.fc2.weight', (e, f), _transpose, _transpose),
+      ('mlp', 'down_bias'): ('mlp.fc2.bias', (e,)),
+  }
+  for name in 'qkv':
+    block[('attn', name)] = (f'self_attn.{name}_proj.weight', (e, e),
+                             *heads_out)
+    block[('attn', f'{name}_bias')] = (
+        f'self_attn.{name}_proj.bias', (e,), lambda b: b.reshape(n, h),
+        lambda x: x.reshape(-1))
+
+  def tensor(name, shape, to_ours=_identity, to_hf=_identity):
+    return Tensor(name, shape, to_ours, to_hf)
+  if path in fixed:
+    return [tensor(prefixes.vision + fixed[path][0], *fixed[path][1:])]
+  if path in projector:
+    return [tensor(prefixes.projector + projector[path][0],
+                   *projector[path][1:])]
+  name, *rest = block[tuple(path[1:])]
+  return [tensor(f'{prefixes.vision}encoder.layers.{i}.{name}', *rest)
+          for i in range(v.num_layers)]
+
+
 def layer_index(cfg: ModelConfig, group: int, repeat: int,
                 position: int) -> int:
   offset = sum(len(p) * r for p, r in cfg.groups[:group])
@@ -105,10 +175,13 @@ def layer_index(cfg: ModelConfig, group: int, repeat: int,
 
 
 def tensors_for(cfg: ModelConfig, path: tuple[Any, ...],
-                prefix: str = 'model.') -> list[Tensor]:
+                prefixes: Prefixes = Prefixes()) -> list[Tensor]:
   """The checkpoint tensors of our parameter at `path`: one, or one per
   stacked repeat (in order)."""
   d, v = cfg.embed_dim, cfg.vocab_size
+  prefix = prefixes.text
+  if path[0] == 'vision':
+    return _vision_tensors(cfg, path[1:], prefixes)
   if path == ('embedding',):
     return [Tensor(f'{prefix}embed_tokens.weight', (v, d), _identity,
                    _identity)]
@@ -127,17 +200,31 @@ def tensors_for(cfg: ModelConfig, path: tuple[Any, ...],
           for r in range(repeats)]
 
 
-def _prefix(names: list[str]) -> str:
+def _prefix(names: list[str], tail: str) -> str:
   for name in names:
-    if name.endswith('embed_tokens.weight'):
-      return name[:-len('embed_tokens.weight')]
-  raise UsageError('the checkpoint has no embed_tokens.weight tensor.')
+    if name.endswith(tail):
+      return name[:-len(tail)]
+  raise UsageError(f'the checkpoint has no {tail} tensor.')
+
+
+def _prefixes(names: list[str], cfg: ModelConfig) -> Prefixes:
+  text = _prefix(names, 'embed_tokens.weight')
+  if not cfg.vision:
+    return Prefixes(text)
+  return Prefixes(text, _prefix(names, 'embeddings.patch_embedding.weight'),
+                  _prefix(names, 'mm_input_projection_weight'))
 
 
 def decoder_path(path: tuple[Any, ...]) -> tuple[Any, ...]:
   """A parameter's path within the decoder (a value model nests it under
   'decoder'; its head is ('score',))."""
   return path[1:] if path[0] == 'decoder' else path
+
+
+def stacked(path: tuple[Any, ...]) -> bool:
+  """Whether the parameter at `path` stacks one tensor per layer."""
+  path = decoder_path(path)
+  return path[0] == 'groups' or path[:2] == ('vision', 'blocks')
 
 
 def sources(directory: str, cfg: ModelConfig,
@@ -147,10 +234,10 @@ def sources(directory: str, cfg: ModelConfig,
   and dtype, and that the checkpoint holds nothing unexpected."""
   store = safetensors_io.SafetensorsDir(directory)
   names = store.names()
-  prefix = _prefix(names)
+  prefixes = _prefixes(names, cfg)
   used, out = set(), {}
   for path, _ in abstract_state.flat_state():
-    tensors = tensors_for(cfg, decoder_path(path), prefix)
+    tensors = tensors_for(cfg, decoder_path(path), prefixes)
     if path == ('lm_head',):
       tensors = [dataclasses.replace(tensors[0], name=_lm_head_name(names))]
     for t in tensors:
@@ -230,7 +317,22 @@ def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
         final_logit_softcapping=cfg.final_softcap or None,
         layer_types=['sliding_attention' if t == config_lib.LOCAL
                      else 'full_attention' for t in cfg.layer_types])
-  return out
+  v = cfg.vision
+  if not v:
+    return out
+  return dict(
+      architectures=['Gemma3ForConditionalGeneration'], model_type='gemma3',
+      text_config=out, tie_word_embeddings=cfg.tie_embeddings,
+      mm_tokens_per_image=v.tokens_per_image, image_token_index=v.image_token,
+      boi_token_index=v.begin_image, eoi_token_index=v.end_image,
+      torch_dtype='float32',
+      vision_config=dict(
+          model_type='siglip_vision_model', hidden_size=v.embed_dim,
+          intermediate_size=v.mlp_dim, num_hidden_layers=v.num_layers,
+          num_attention_heads=v.num_heads, image_size=v.image_size,
+          patch_size=v.patch_size, num_channels=v.channels,
+          layer_norm_eps=v.norm_eps, hidden_act='gelu_pytorch_tanh',
+          vision_use_head=False))
 
 
 def save(directory: str, cfg: ModelConfig, state: nnx.State,
@@ -247,8 +349,9 @@ def save(directory: str, cfg: ModelConfig, state: nnx.State,
       value = np.asarray(jax.device_get(var.get_value()))
       if dtype is not None:
         value = value.astype(dtype)
-      sources = tensors_for(cfg, path)
-      if len(sources) == 1 and path[0] != 'groups':
+      sources = tensors_for(cfg, path, VISION_LANGUAGE if cfg.vision
+                            else Prefixes())
+      if not stacked(path):
         yield sources[0].name, sources[0].to_hf(value)
       else:
         for r, t in enumerate(sources):

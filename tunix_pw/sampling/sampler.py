@@ -105,10 +105,13 @@ class Sampler:
   # ------------------------------------------------------------- sample
 
   def generate(self, prompts: Sequence[Sequence[int]],
-               sampling: SamplingConfig) -> Completions:
+               sampling: SamplingConfig,
+               images: Sequence[np.ndarray] | None = None) -> Completions:
     """`sampling.generations` completions of each prompt, rows
-    prompt-major."""
-    rows, cache_size = self._prompt_rows(prompts, sampling)
+    prompt-major. `images`: per prompt, its images [I, C, H, W] (the
+    processor's pixels), whose soft tokens take its image tokens' places
+    in order (a model with a vision tower)."""
+    rows, cache_size = self._prompt_rows(prompts, sampling, images)
     if self.decode_chunk:
       return self._generate_in_chunks(rows, sampling, cache_size)
     out = self._generate(self.serving()[0], *rows, *self._scalars(sampling),
@@ -121,10 +124,12 @@ class Sampler:
                        log_kept=kept[:, :n])
 
   def _prompt_rows(self, prompts: Sequence[Sequence[int]],
-                   sampling: SamplingConfig
+                   sampling: SamplingConfig,
+                   images: Sequence[np.ndarray] | None = None
                    ) -> tuple[tuple[jax.Array, ...], int]:
     """The prompts left-padded to their bucket (tokens, positions,
-    segments) on the mesh, and the cache size."""
+    segments, and their images or None) on the mesh, and the cache
+    size."""
     if not prompts:
       raise UsageError('no prompts to generate from.')
     lengths = [len(p) for p in prompts]
@@ -143,7 +148,36 @@ class Sampler:
                 prompt_len - np.array(lengths)[:, None]).astype(np.int32)
     positions = np.maximum(np.cumsum(segments, axis=1) - 1, 0)
     put = self._put_batch
-    return (put(tokens), put(positions), put(segments)), cache_size
+    if images is not None:
+      images = put(self._images(prompts, images))
+    return (put(tokens), put(positions), put(segments), images), cache_size
+
+  def _images(self, prompts: Sequence[Sequence[int]],
+              images: Sequence[np.ndarray]) -> np.ndarray:
+    """Each prompt's images, checked against its image tokens, in one
+    array [P, most images, C, H, W] (zeros after a prompt's own)."""
+    vision = self.cfg.vision
+    if vision is None:
+      raise UsageError(f'images given to a {self.cfg.family} model, which '
+                       'has no vision tower.')
+    if len(images) != len(prompts):
+      raise UsageError(f'{len(images)} image lists for {len(prompts)} '
+                       'prompts.')
+    shape = (vision.channels, vision.image_size, vision.image_size)
+    out = np.zeros((len(prompts), max(len(i) for i in images) or 1) + shape,
+                   np.float32)
+    for row, (prompt, own) in enumerate(zip(prompts, images)):
+      tokens = sum(t == vision.image_token for t in prompt)
+      if tokens != len(own) * vision.tokens_per_image:
+        raise UsageError(
+            f'prompt {row} has {tokens} image tokens for {len(own)} images '
+            f'of {vision.tokens_per_image} tokens each.')
+      for i, image in enumerate(own):
+        if np.shape(image) != shape:
+          raise UsageError(f'image {i} of prompt {row} has shape '
+                           f'{np.shape(image)}, expected {shape}.')
+        out[row, i] = image
+    return out
 
   def _generate_in_chunks(self, rows: tuple[jax.Array, ...],
                           sampling: SamplingConfig,
@@ -261,7 +295,8 @@ class Sampler:
     replicated = NamedSharding(self.mesh, PartitionSpec())
     scalars = [jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=replicated)
                for x in self._scalars(sampling)]
-    return self._generate.lower(self.params, rows, rows, rows, *scalars,
+    return self._generate.lower(self.params, rows, rows, rows, None,
+                                *scalars,
                                 cache_size=cache_size,
                                 generations=sampling.generations,
                                 **self._statics(sampling))
@@ -279,7 +314,7 @@ class Sampler:
                                     (batch, prompt_len)))
     max_new, stops, temperature, top_p, key = self._scalars(sampling)
     start = self._prefill.lower(
-        self.params, rows, rows, rows, key, cache_size=cache_size,
+        self.params, rows, rows, rows, None, key, cache_size=cache_size,
         generations=sampling.generations).compile()
     state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
         x.shape, x.dtype, sharding=x.sharding), start.out_info)
@@ -324,10 +359,11 @@ class Sampler:
       return jnp.asarray(x)
     return jax.device_put(x, self._batch_sharding(x.shape))
 
-  def _start(self, params, tokens, positions, segments, key, *,
+  def _start(self, params, tokens, positions, segments, images, key, *,
              cache_size, generations) -> tuple[Any, ...]:
     """The prefill: the decode loop's state before its first step. Each
-    prompt's prefill serves its `generations` rows."""
+    prompt's prefill serves its `generations` rows (and reads its images
+    once)."""
     model = nnx.merge(self.graphdef, params)
     shard = Sharder(self.mesh, self.rules)
     prompts, prompt_len = tokens.shape
@@ -342,7 +378,7 @@ class Sampler:
                                    self.cache_dtype))
     layers = model.split_layers() if self.split_layers else None
     logits, cache = model(tokens, positions, segments, cache, 0, shard=shard,
-                          last_only=True, layers=layers)
+                          last_only=True, layers=layers, images=images)
     if generations > 1:
       cache = kv_on_mesh(cache.repeat(generations))
       logits, positions = (jnp.repeat(x, generations, axis=0)
@@ -411,13 +447,13 @@ class Sampler:
 
     return jax.lax.while_loop(cond, body, state)
 
-  def _program(self, params, tokens, positions, segments, max_new, stops,
-               temperature, top_p, key, *, cache_size, top_k, use_top_p,
-               greedy, generations) -> tuple[jax.Array, ...]:
+  def _program(self, params, tokens, positions, segments, images, max_new,
+               stops, temperature, top_p, key, *, cache_size, top_k,
+               use_top_p, greedy, generations) -> tuple[jax.Array, ...]:
     """The whole generation in one program: the prefill and the decode
     loop to the end."""
     self.traces += 1  # runs once per compilation (tracing), not per call
-    state = self._start(params, tokens, positions, segments, key,
+    state = self._start(params, tokens, positions, segments, images, key,
                         cache_size=cache_size, generations=generations)
     state = self._continue(params, state, max_new, max_new, stops,
                            temperature, top_p, cache_size=cache_size,
