@@ -51,23 +51,25 @@ CONFIGS = {
 IMAGE_TOKEN, BEGIN_IMAGE, END_IMAGE = 99, 97, 98
 
 
-def vision_language_config():
+def vision_language_config(vocab_size=100, image_token=IMAGE_TOKEN,
+                           begin=BEGIN_IMAGE, end=END_IMAGE):
   text = CONFIGS['gemma3']().to_dict()
-  text['vocab_size'] = 100
+  text['vocab_size'] = vocab_size
   return transformers.Gemma3Config(
       text_config=text,
       vision_config=dict(hidden_size=48, intermediate_size=80,
                          num_hidden_layers=2, num_attention_heads=2,
                          image_size=32, patch_size=4, vision_use_head=False),
-      mm_tokens_per_image=16, image_token_index=IMAGE_TOKEN,
-      boi_token_index=BEGIN_IMAGE, eoi_token_index=END_IMAGE)
+      mm_tokens_per_image=16, image_token_index=image_token,
+      boi_token_index=begin, eoi_token_index=end)
 
 
-def make(family: str, directory: str, seed: int = 0):
-  """Saves a random float32 model of `family`; returns the torch model."""
+def make(family: str, directory: str, seed: int = 0, config=None):
+  """Saves a random float32 model of `family` (of `config`, when given);
+  returns the torch model."""
   torch.manual_seed(seed)
   if family == 'gemma3_vision':
-    config = vision_language_config()
+    config = config or vision_language_config()
     build = transformers.Gemma3ForConditionalGeneration._from_config  # pylint: disable=protected-access
   else:
     config = CONFIGS[family]()
@@ -100,3 +102,23 @@ def export(directory: str, out: str) -> None:
                               nnx.state(again).flat_state()):
     assert p1 == p2
     np.testing.assert_array_equal(a.get_value(), b.get_value())
+
+
+def vision_checkpoint(directory: str, pan_and_scan: dict):
+  """A Gemma 3 vision-language checkpoint as one ships: the model, a
+  tokenizer trained with Gemma 3's image tokens and the processor, in
+  one directory. Returns the torch model and the processor."""
+  from tests.models import tiny_tokenizers  # pylint: disable=g-import-not-at-top
+  tiny_tokenizers.make('gemma3_vision', directory)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+  ids = {name: tokenizer.convert_tokens_to_ids(token)
+         for name, token in tiny_tokenizers.IMAGE_TOKENS.items()}
+  model = make('gemma3_vision', directory, config=vision_language_config(
+      len(tokenizer), ids['image_token'], ids['boi_token'],
+      ids['eoi_token']))
+  processor = transformers.Gemma3Processor(
+      transformers.Gemma3ImageProcessorPil(size={'height': 32, 'width': 32},
+                                           **pan_and_scan),
+      tokenizer, image_seq_length=16)
+  processor.save_pretrained(directory)
+  return model, processor

@@ -136,9 +136,21 @@ STYLES = {
 }
 
 
+# Gemma 3's image tokens, named in tokenizer_config.json as its processor
+# looks them up.
+IMAGE_TOKENS = {'boi_token': '<start_of_image>',
+                'eoi_token': '<end_of_image>',
+                'image_token': '<image_soft_token>'}
+GEMMA3_VISION = dict(
+    STYLES['gemma'], specials=STYLES['gemma']['specials'] +
+    list(IMAGE_TOKENS.values()),
+    config=dict(STYLES['gemma']['config'], extra_special_tokens=IMAGE_TOKENS))
+
+
 def make(style: str, directory: str) -> str:
-  """Writes the tokenizer of `style` into `directory`; returns it."""
-  spec = STYLES[style]
+  """Writes the tokenizer of `style` (or 'gemma3_vision') into
+  `directory`; returns it."""
+  spec = GEMMA3_VISION if style == 'gemma3_vision' else STYLES[style]
   tok = tokenizers.Tokenizer(tokenizers.models.BPE())
   tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(
       add_prefix_space=False)
