@@ -103,6 +103,13 @@ def lora(rank: int = 0) -> ml_collections.ConfigDict:
       targets=r'(.*/)?groups/.*(attn/(q|k|v|o)|mlp/(gate|up|down))'))
 
 
+def images() -> ml_collections.ConfigDict:
+  """What a data record's images may be, and Gemma 3's pan and scan."""
+  return ml_collections.ConfigDict(dict(
+      max_per_record=8, max_pixels=4096 * 4096, max_bytes=32 << 20,
+      pan_and_scan=False))
+
+
 def checkpointing(every: int = 100, keep: int = 3) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(every=every, keep=keep,
                                         async_save=True))

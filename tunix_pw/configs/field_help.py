@@ -64,7 +64,15 @@ HELP: dict[str, str] = {
     'max_new_tokens': 'Tokens a completion may take.',
     'prompt': 'One prompt to sample.',
     'prompts_file': 'Prompts to sample: one per line, or JSONL with '
-                    '"prompt" or "messages".',
+                    '"prompt" or "messages" (and "images": paths relative '
+                    'to the file or data: URIs, one <start_of_image> '
+                    'marker each).',
+    'images.max_per_record': 'Images a data record may have.',
+    'images.max_pixels': "An image's most pixels (width x height), read "
+                         'from its header before it is decoded.',
+    'images.max_bytes': "An image file's (or data: URI's) most bytes.",
+    'images.pan_and_scan': "Gemma 3's pan and scan: a long image also "
+                           'goes in as crops along its long side.',
     'chat': "Wrap prompts in the tokenizer's chat template.",
     'output_jsonl': 'A file for the tokens and log-probabilities of each '
                     "prompt ('' : print only).",

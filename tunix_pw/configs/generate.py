@@ -30,6 +30,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0,
       max_cache=0))  # max_cache 0: the model's max positions
   c.output_jsonl = ''  # tokens and logprobs per prompt
+  c.images = common.images()
   c.runtime = common.runtime(host_device_count=8 if arg == 'runlocal' else 0)
   c.meshes = common.meshes('collocated', rollout=('fsdp=1,tp=-1', 'all'))
   c.sharding = common.sharding()

@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 import json
 import os
 import shutil
@@ -33,7 +33,7 @@ class Tokenizer(Protocol):
   tokenizer's own post-processing adds to plain text (transformers'
   `tokenizer(text)`); `encode_chat` gives the ids of a rendered chat, whose
   special tokens the template owns (transformers' `apply_chat_template(...,
-  tokenize=True)`)."""
+  tokenize=True)`): `encode_rendered` of `chat`'s text."""
 
   vocab_size: int
   pad_id: int
@@ -56,6 +56,8 @@ class Tokenizer(Protocol):
                   add_generation_prompt: bool = True,
                   **template_vars: Any) -> list[int]: ...
 
+  def encode_rendered(self, text: str) -> list[int]: ...
+
 
 def _messages(prompt: str | Sequence[Message]) -> list[Message]:
   if isinstance(prompt, str):
@@ -73,15 +75,18 @@ def render_prompt(tokenizer: Tokenizer, prompt: str | Sequence[Message],
 
 
 def encode_prompt(tokenizer: Tokenizer, prompt: str | Sequence[Message],
-                  chat: bool) -> list[int]:
+                  chat: bool, expand: Callable[[str], str] = lambda t: t
+                  ) -> list[int]:
   """The one rule for a prompt's ids, used by every job: what
   `render_prompt` renders through the chat template keeps the template's
   specials and gets none added; plain text gets what the tokenizer's
   post-processor adds. Answers and completions appended to a prompt are
-  `encode(text)`, without specials; no EOS ever ends a prompt."""
+  `encode(text)`, without specials; no EOS ever ends a prompt. `expand`
+  rewrites the rendered text first (a prompt's image markers written
+  out, data/images.py)."""
   if isinstance(prompt, str) and not chat:
-    return tokenizer.encode(prompt, add_special_tokens=True)
-  return tokenizer.encode_chat(_messages(prompt))
+    return tokenizer.encode(expand(prompt), add_special_tokens=True)
+  return tokenizer.encode_rendered(expand(tokenizer.chat(_messages(prompt))))
 
 
 def gemma_chat(messages: Sequence[Message],
@@ -136,7 +141,10 @@ class CharTokenizer:
   def encode_chat(self, messages: Sequence[Message],
                   add_generation_prompt: bool = True,
                   **template_vars: Any) -> list[int]:
-    return self.encode(self.chat(messages, add_generation_prompt), True)
+    return self.encode_rendered(self.chat(messages, add_generation_prompt))
+
+  def encode_rendered(self, text: str) -> list[int]:
+    return self.encode(text, True)
 
 
 class SentencePieceTokenizer:
@@ -177,9 +185,12 @@ class SentencePieceTokenizer:
   def encode_chat(self, messages: Sequence[Message],
                   add_generation_prompt: bool = True,
                   **template_vars: Any) -> list[int]:
+    return self.encode_rendered(self.chat(messages, add_generation_prompt))
+
+  def encode_rendered(self, text: str) -> list[int]:
     # Gemma's template opens with {{ bos_token }}, which SentencePiece does
     # not parse from text: the id goes in directly.
-    return self.encode(self.chat(messages, add_generation_prompt), True)
+    return self.encode(text, True)
 
 
 SPECIAL_TOKENS = ('bos_token', 'eos_token', 'unk_token', 'sep_token',
@@ -280,7 +291,10 @@ class HFTokenizer:
   def encode_chat(self, messages: Sequence[Message],
                   add_generation_prompt: bool = True,
                   **template_vars: Any) -> list[int]:
-    text = self.chat(messages, add_generation_prompt, **template_vars)
+    return self.encode_rendered(self.chat(messages, add_generation_prompt,
+                                          **template_vars))
+
+  def encode_rendered(self, text: str) -> list[int]:
     return self.encode(text, add_special_tokens=not self.template)
 
 
