@@ -104,10 +104,13 @@ def export(directory: str, out: str) -> None:
     np.testing.assert_array_equal(a.get_value(), b.get_value())
 
 
-def vision_checkpoint(directory: str, pan_and_scan: dict):
+def vision_checkpoint(directory: str, pan_and_scan: dict,
+                      fresh: bool = False):
   """A Gemma 3 vision-language checkpoint as one ships: the model, a
   tokenizer trained with Gemma 3's image tokens and the processor, in
-  one directory. Returns the torch model and the processor."""
+  one directory. Returns the torch model and the processor. With
+  `fresh`, the weights are our initialisation's (to train from), not
+  random ones of every scale."""
   from tests.models import tiny_tokenizers  # pylint: disable=g-import-not-at-top
   tiny_tokenizers.make('gemma3_vision', directory)
   tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
@@ -121,4 +124,7 @@ def vision_checkpoint(directory: str, pan_and_scan: dict):
                                            **pan_and_scan),
       tokenizer, image_seq_length=16)
   processor.save_pretrained(directory)
+  if fresh:
+    cfg = hf.read_config(directory)
+    hf.save(directory, cfg, nnx.state(checkpoints.init(cfg)))
   return model, processor

@@ -137,8 +137,9 @@ HELP: dict[str, str] = {
                     'weights that get adapters (a vision tower\'s paths '
                     'start with vision/).',
     # Data.
-    'data.name': 'The dataset: arithmetic (built in), gsm8k, preferences, '
-                 'chat or code (JSONL in manual_dir; docs/data.md).',
+    'data.name': 'The dataset: arithmetic or bars (built in; bars has '
+                 'images), gsm8k, preferences, chat or code (JSONL in '
+                 'manual_dir; docs/data.md).',
     'data.data_dir': 'Where built datasets are cached (TFDS).',
     'data.manual_dir': "A directory with the JSONL dataset's train.jsonl and "
                        'test.jsonl.',

@@ -7,6 +7,8 @@
 - `preferences`: prompt / chosen / rejected, for DPO and ORPO.
 - `unpaired`: prompt / completion / label (true: desirable), for KTO.
 - `chat`: multi-turn `messages`, for SFT.
+- `bars`: a synthetic visual task (which of two bars is taller), for
+  vision-language models: each example an image and its one-word answer.
 
 The JSONL builders read `<manual_dir>/{train,test}.jsonl`. A malformed line,
 a missing field or an empty prompt stops the build with the file and line,
@@ -17,9 +19,11 @@ config name, so edited files are built afresh.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import functools
 import hashlib
+import io
 import json
 import os
 import random
@@ -27,6 +31,7 @@ import re
 from typing import Any
 
 import numpy as np
+from PIL import Image, ImageDraw
 import tensorflow_datasets as tfds
 
 from tunix_pw.errors import UsageError
@@ -103,6 +108,51 @@ class Arithmetic(tfds.core.GeneratorBasedBuilder):
   def _generate_examples(self, problems):
     for i, (a, op, b) in enumerate(problems):
       yield i, dict(question=f'{a}{op}{b}=', answer=str(OPERATIONS[op](a, b)))
+
+
+def png_uri(image: Image.Image) -> str:
+  """An image as a data: URI of its PNG bytes (how examples hold images)."""
+  buffer = io.BytesIO()
+  image.save(buffer, format='PNG')
+  return 'data:image/png;base64,' + base64.b64encode(
+      buffer.getvalue()).decode()
+
+
+class Bars(tfds.core.GeneratorBasedBuilder):
+  """'<start_of_image> Which bar is taller, left or right?' -> 'left' or
+  'right', over a 64-pixel picture of two bars of random colours whose
+  heights differ by at least 6 pixels: half the answers each, so chance is
+  50%. Deterministic; train and test drawn apart (4,000 and 200)."""
+
+  VERSION = tfds.core.Version('1.0.0')
+  SIZES = dict(train=4_000, test=200)
+  QUESTION = '<start_of_image> Which bar is taller, left or right?'
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return self.dataset_info_from_configs(
+        features=tfds.features.FeaturesDict(dict(
+            question=tfds.features.Text(), answer=tfds.features.Text(),
+            images=tfds.features.Sequence(tfds.features.Text()))))
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    return {split: self._generate_examples(size, seed)
+            for seed, (split, size) in enumerate(self.SIZES.items())}
+
+  def _generate_examples(self, size: int, seed: int):
+    rng = np.random.default_rng(seed)
+    for i in range(size):
+      heights = rng.choice(np.arange(8, 57), 2, replace=False)
+      while abs(int(heights[0]) - int(heights[1])) < 6:
+        heights = rng.choice(np.arange(8, 57), 2, replace=False)
+      image = Image.new('RGB', (64, 64), (255, 255, 255))
+      draw = ImageDraw.Draw(image)
+      for left, height in zip((10, 38), heights):
+        colour = tuple(int(c) for c in rng.integers(0, 200, 3))
+        draw.rectangle((left, 60 - int(height), left + 15, 60), fill=colour)
+      yield i, dict(question=self.QUESTION,
+                    answer='left' if heights[0] > heights[1] else 'right',
+                    images=[png_uri(image)])
 
 
 # ------------------------------------------------------------- JSONL files
@@ -295,9 +345,10 @@ class Code(_JsonlBuilder):
                 answer=_text(record, 'answer'), tests=json.dumps(tests))
 
 
+SYNTHETIC = ('arithmetic', 'bars')  # built here, from no files
 BUILDERS = {'arithmetic': Arithmetic, 'gsm8k': Gsm8k,
             'preferences': Preferences, 'unpaired': Unpaired, 'chat': Chat,
-            'code': Code}
+            'code': Code, 'bars': Bars}
 
 
 def decode(example: dict[str, Any]) -> dict[str, Any]:

@@ -8,18 +8,22 @@ their reference answers, preference pairs, KTO's labelled examples.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import numpy as np
 
-from tunix_pw.data import pipeline
+from tunix_pw.data import images as images_lib, pipeline
 from tunix_pw.models import tokenizers
 from tunix_pw.models.tokenizers import Tokenizer
 
 
+PICTURED = ('bars',)  # datasets whose examples have images
+
+
 def prompt_and_answer(name: str, example: dict[str, Any]) -> tuple[Any, str]:
   """(prompt text, or messages for the chat template; the target text)."""
-  if name == 'arithmetic':
+  if name in ('arithmetic', 'bars'):
     return example['question'], example['answer']
   if name == 'gsm8k':
     return example['question'], example['answer']
@@ -40,17 +44,38 @@ def reference_answer(name: str, example: dict[str, Any]) -> str:
   return prompt_and_answer(name, example)[1]
 
 
+def prompt_ids(name: str, example: dict[str, Any], tokenizer: Tokenizer,
+               chat: bool, processing: images_lib.Processing | None = None
+               ) -> tuple[list[int], np.ndarray | None]:
+  """An example's prompt as ids, and with `processing` (a vision-language
+  model's) its images as pixels (None without): each image marker written
+  out as the image's tokens."""
+  prompt, _ = prompt_and_answer(name, example)
+  if processing is None:
+    return tokenizers.encode_prompt(tokenizer, prompt, chat), None
+  pixels, crops = processing.prompt_images(example.get('images', []))
+  return tokenizers.encode_prompt(
+      tokenizer, prompt, chat,
+      functools.partial(processing.expand, crops=crops)), pixels
+
+
 def sft_transform(name: str, tokenizer: Tokenizer, max_length: int,
-                  overlong: str, chat: bool) -> Callable:
-  """Example -> tokens with a loss mask on the completion (and its eos)."""
+                  overlong: str, chat: bool,
+                  processing: images_lib.Processing | None = None
+                  ) -> Callable:
+  """Example -> tokens with a loss mask on the completion (and its eos),
+  and with `processing` its images."""
 
   def transform(example, counters):
-    prompt, answer = prompt_and_answer(name, example)
-    prompt_ids = tokenizers.encode_prompt(tokenizer, prompt, chat)
+    ids, pixels = prompt_ids(name, example, tokenizer, chat, processing)
+    answer = prompt_and_answer(name, example)[1]
     answer_ids = tokenizer.encode(answer) + [tokenizer.eos_id]
-    return pipeline.fit(prompt_ids + answer_ids,
-                        [0] * len(prompt_ids) + [1] * len(answer_ids),
-                        max_length, overlong, counters)
+    row = pipeline.fit(ids + answer_ids,
+                       [0] * len(ids) + [1] * len(answer_ids),
+                       max_length, overlong, counters)
+    if row is not None and pixels is not None:
+      row['images'] = pixels
+    return row
 
   return transform
 

@@ -156,6 +156,24 @@ class Processing:
              for k, v in fields.items() if v is not None}
     return cls(**given)
 
+  @classmethod
+  def for_model(cls, directory: str, vision: Any) -> 'Processing':
+    """The processing of the checkpoint in `directory` when it ships one,
+    else Gemma 3's defaults at the model's image size and token count (a
+    model initialised from a preset)."""
+    if directory and any(os.path.exists(os.path.join(directory, name))
+                         for name in (PREPROCESSOR, PROCESSOR)):
+      return cls.read(directory)
+    return cls(height=vision.image_size, width=vision.image_size,
+               image_seq_length=vision.tokens_per_image)
+
+  def prompt_images(self, entries: list[str]) -> tuple[np.ndarray, list[int]]:
+    """A data example's images (data: URIs, as the builders store them)
+    as pixels [images and crops, C, H, W] and each image's crop count."""
+    pixels = [self.pixels(open_image(e, '', Limits())) for e in entries]
+    empty = np.zeros((0, 3, self.height, self.width), np.float32)
+    return np.concatenate([empty] + pixels), [len(p) - 1 for p in pixels]
+
   def crops(self, width: int, height: int) -> list[tuple[int, int, int, int]]:
     """Pan and scan: the (left, top, right, bottom) boxes an image of this
     size is cut into along its long side (none when it is near square,

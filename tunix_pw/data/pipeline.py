@@ -61,12 +61,12 @@ class DataSpec:
                        f'one of {", ".join(builders.BUILDERS)}.')
     if self.name == 'arithmetic':
       builders.arithmetic_config(**dict(self.arithmetic))
-      if self.manual_dir:
-        raise UsageError(f'--config.data.manual_dir={self.manual_dir!r} is '
-                         'not read by the arithmetic dataset; name the '
-                         "JSONL's kind in --config.data.name (gsm8k, chat, "
-                         'preferences, unpaired, code).')
-    elif not self.manual_dir and checks.scope().data:
+    if self.name in builders.SYNTHETIC and self.manual_dir:
+      raise UsageError(f'--config.data.manual_dir={self.manual_dir!r} is '
+                       f'not read by the {self.name} dataset; name the '
+                       "JSONL's kind in --config.data.name (gsm8k, chat, "
+                       'preferences, unpaired, code).')
+    elif self.name not in builders.SYNTHETIC and not self.manual_dir and checks.scope().data:
       raise UsageError(f'--config.data.manual_dir is required for '
                        f'{self.name}: a directory with train.jsonl and '
                        'test.jsonl.')
@@ -75,6 +75,8 @@ class DataSpec:
     self.check()
     if self.name == 'arithmetic':
       config = builders.arithmetic_config(**dict(self.arithmetic))
+    elif self.name == 'bars':
+      config = None  # one fixed set
     else:
       config = builders.jsonl_config(self.manual_dir, self.on_bad_line)
     return builders.BUILDERS[self.name](data_dir=self.data_dir, config=config,
@@ -167,7 +169,9 @@ def overlong_filter(block: Any, prefix: str = '--config.data') -> str:
 
 def pad_batch(examples: Sequence[dict[str, np.ndarray]], length: int,
               pad_id: int) -> dict[str, np.ndarray]:
-  """[B, length] tokens, loss_mask, segment_ids (0 = padding), positions."""
+  """[B, length] tokens, loss_mask, segment_ids (0 = padding), positions;
+  and examples with images, each row's [most images, C, H, W] (zeros
+  after its own)."""
   batch = len(examples)
   tokens = np.full((batch, length), pad_id, np.int32)
   loss_mask = np.zeros((batch, length), np.int32)
@@ -178,8 +182,15 @@ def pad_batch(examples: Sequence[dict[str, np.ndarray]], length: int,
         ex['tokens'], ex['loss_mask'], 1)
   positions = np.broadcast_to(np.arange(length, dtype=np.int32),
                               (batch, length)) * segments
-  return dict(tokens=tokens, loss_mask=loss_mask, segment_ids=segments,
-              positions=positions)
+  out = dict(tokens=tokens, loss_mask=loss_mask, segment_ids=segments,
+             positions=positions)
+  if 'images' in examples[0]:
+    most = max(len(ex['images']) for ex in examples)
+    out['images'] = np.zeros((batch, most) + examples[0]['images'].shape[1:],
+                             np.float32)
+    for i, ex in enumerate(examples):
+      out['images'][i, :len(ex['images'])] = ex['images']
+  return out
 
 
 def check_eval_batch(source: Any, batch_size: int, what: str) -> None:

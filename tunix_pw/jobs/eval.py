@@ -78,8 +78,8 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   if config.mode == 'loss':
     result = heldout_loss(model, tokenizer, config, source)
   else:
-    prompts, answers = setup.heldout(spec.name, source, tokenizer,
-                                     config.examples, config.data.chat)
+    prompts, answers, _ = setup.heldout(spec.name, source, tokenizer,
+                                        config.examples, config.data.chat)
     sampler = make_sampler(model, tokenizer, mesh=mesh, rules=config.sharding,
                            runtime=runtime)
     verifier = rewards.verifier(config.verifier, field='--config.verifier')

@@ -66,9 +66,10 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
 
 
 def episodes(config: Any, source: Any, sampler: Any, tokenizer: Any,
-             mesh: Any):
+             mesh: Any, processing: Any = None):
   """An agent's warm-up evaluation: one greedy episode per held-out
-  problem, and the tools' threads."""
+  problem, and the tools' threads (text episodes: no `processing`)."""
+  del processing
   tools = concurrent.futures.ThreadPoolExecutor(config.eval_batch_size)
   return functools.partial(
       runs.evaluate_episodes, runs.collector(

@@ -66,7 +66,7 @@ def prompts(config: Any, runtime: backend.Runtime, tokenizer: Any):
         dropping=f'prompts longer than --config.rl.max_prompt_length='
         f'{rl.max_prompt_length} tokens are dropped')
     heldout[name] = setup.heldout(spec.name, sources['test'], tokenizer,
-                                  config.eval_examples, block.chat)
+                                  config.eval_examples, block.chat)[:2]
     reward_weights[name] = rewards_lib.parse_weights(rewards)
   data = streams[''] if '' in streams else mixture.Mixture(
       streams, {n: w for n, (_, w, _) in entries.items()},

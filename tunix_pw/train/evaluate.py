@@ -64,17 +64,23 @@ def wilson_interval(correct: int, total: int,
 
 def completions(engine: RolloutEngine, tokenizer: Tokenizer,
                 prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                batch_size: int,
-                sampling: SamplingConfig | None = None) -> list[str]:
+                batch_size: int, sampling: SamplingConfig | None = None,
+                images: Sequence[Any] | None = None) -> list[str]:
   """Completions (decoded, up to the stop token) for every prompt: greedy,
-  or drawn with `sampling`."""
+  or drawn with `sampling`; `images`: each prompt's (a vision-language
+  model's)."""
   greedy = sampling or SamplingConfig(max_new_tokens=max_new_tokens,
                                       greedy=True)
   texts = []
   for start in range(0, len(prompts), batch_size):
     chunk = list(prompts[start:start + batch_size])
     padded = chunk + [chunk[-1]] * (batch_size - len(chunk))  # one shape
-    out = engine.generate(padded, greedy)
+    if images is None:
+      out = engine.generate(padded, greedy)
+    else:
+      own = list(images[start:start + batch_size])
+      out = engine.generate(padded, greedy,
+                            images=own + [own[-1]] * (batch_size - len(own)))
     tokens, lengths = fetch((out.tokens, out.lengths))
     for row in range(len(chunk)):
       ids = [t for t in tokens[row, :lengths[row]]
@@ -86,10 +92,12 @@ def completions(engine: RolloutEngine, tokenizer: Tokenizer,
 def exact_match(engine: RolloutEngine, tokenizer: Tokenizer,
                 prompts: Sequence[Sequence[int]], answers: Sequence[str],
                 max_new_tokens: int, batch_size: int,
-                verifier: Verifier = EXACT) -> dict[str, float]:
+                verifier: Verifier = EXACT,
+                images: Sequence[Any] | None = None) -> dict[str, float]:
   """Greedy accuracy: the share of prompts whose completion `verifier`
   finds right, with its 95% interval."""
-  texts = completions(engine, tokenizer, prompts, max_new_tokens, batch_size)
+  texts = completions(engine, tokenizer, prompts, max_new_tokens, batch_size,
+                      images=images)
   correct = sum(verifier.right(t, a) for t, a in zip(texts, answers))
   low, high = wilson_interval(correct, len(answers))
   return dict(accuracy=correct / max(len(answers), 1), correct=correct,

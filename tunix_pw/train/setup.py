@@ -148,13 +148,16 @@ def split(model: nnx.Module, use_lora: bool):
 
 
 def heldout(name: str, source: Any, tokenizer: Tokenizer, count: int,
-            chat: bool) -> tuple[list[list[int]], list[str]]:
+            chat: bool, processing: Any = None
+            ) -> tuple[list[list[int]], list[str], list[Any] | None]:
   """The first `count` examples of a held-out split (a fixed set): prompts
-  as token ids and their reference answers."""
-  prompts, answers = [], []
+  as token ids, their reference answers, and with `processing` (a
+  vision-language model's) their images (else None)."""
+  prompts, answers, pixels = [], [], []
   for i in range(min(count, len(source))):
     example = dict(decode(source[i]), index=i)
-    prompt, _ = formats.prompt_and_answer(name, example)
-    prompts.append(tokenizers.encode_prompt(tokenizer, prompt, chat))
+    ids, own = formats.prompt_ids(name, example, tokenizer, chat, processing)
+    prompts.append(ids)
+    pixels.append(own)
     answers.append(formats.reference_answer(name, example))
-  return prompts, answers
+  return prompts, answers, pixels if processing else None

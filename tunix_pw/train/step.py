@@ -150,16 +150,18 @@ def next_token_stats(model, tokens: jax.Array, positions: jax.Array,
                      segment_ids: jax.Array,
                      reduce: Callable[[jax.Array, jax.Array], Any], *,
                      shard: Sharder = Sharder(), chunk: int = 0,
-                     also: tuple[Callable[..., Any], Any] | None = None
-                     ) -> tuple[Any, ...]:
+                     also: tuple[Callable[..., Any], Any] | None = None,
+                     images: jax.Array | None = None) -> tuple[Any, ...]:
   """`reduce(logits [B, c, V], next tokens [B, c])` -> a tuple of arrays
   [B, c, ...], over the model's logits for tokens [B, T] `chunk` positions
   at a time (`chunk_size`; a sequence that fits one chunk takes them
   whole), joined to [B, T, ...]. Position t's target is token t+1; the
   last position's wraps round to the first token, so callers drop it.
   `also` (fn, inputs): fn(logits, inputs at the same positions) -> a tree
-  of arrays, appended to reduce's outputs."""
-  x, _ = model.hidden(tokens, positions, segment_ids, shard=shard)
+  of arrays, appended to reduce's outputs. `images`: each row's (a
+  vision-language model's)."""
+  x, _ = model.hidden(tokens, positions, segment_ids, shard=shard,
+                      images=images)
 
   def reduce_also(logits, pieces):
     targets, inputs = pieces
@@ -178,7 +180,8 @@ def next_token_stats(model, tokens: jax.Array, positions: jax.Array,
 def model_token_nll(model, tokens: jax.Array, positions: jax.Array,
                     segment_ids: jax.Array, loss_mask: jax.Array,
                     shard: Sharder = Sharder(), chunk: int = 0,
-                    also: tuple[Callable[..., jax.Array], Any] | None = None
+                    also: tuple[Callable[..., jax.Array], Any] | None = None,
+                    images: jax.Array | None = None
                     ) -> tuple[jax.Array, ...]:
   """`token_nll` of the model's logits, `chunk` positions of them at a time
   (`next_token_stats`). `also` (fn, inputs): fn(logits [B, c, V], inputs
@@ -186,7 +189,7 @@ def model_token_nll(model, tokens: jax.Array, positions: jax.Array,
   returned last, [B, T-1]."""
   nll, correct, *more = next_token_stats(
       model, tokens, positions, segment_ids, _nll, shard=shard, chunk=chunk,
-      also=also)
+      also=also, images=images)
   return (nll[:, :-1], _target_weight(loss_mask, segment_ids),
           correct[:, :-1], *(m[:, :-1] for m in more))
 

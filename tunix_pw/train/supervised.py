@@ -15,7 +15,7 @@ import functools
 from typing import Any
 
 from tunix_pw import checks, console
-from tunix_pw.data import formats, pipeline
+from tunix_pw.data import formats, images, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.models import blocks, checkpoints
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard
@@ -43,6 +43,9 @@ def check(config: Any) -> None:
                      'gsm8k or chat.')
   if config.steps < 1:
     raise UsageError(f'--config.steps={config.steps} must be at least 1.')
+  if config.data.packing and config.data.name in formats.PICTURED:
+    raise UsageError('--config.data.packing packs no images yet: train '
+                     f'{config.data.name} unpacked.')
   if config.stop_at_accuracy and not (
       0 < config.stop_at_accuracy <= 1 and config.eval_every and
       config.eval_examples):
@@ -65,7 +68,7 @@ def sft_loss(model, batch, rng, shard: Sharder = Sharder(), chunk: int = 0):
   del rng
   nll, weight, correct = step_lib.model_token_nll(
       model, batch['tokens'], batch['positions'], batch['segment_ids'],
-      batch['loss_mask'], shard, chunk)
+      batch['loss_mask'], shard, chunk, images=batch.get('images'))
   return (nll * weight).sum(), dict(weight=weight.sum(),
                                     accuracy=(correct * weight).sum())
 
@@ -104,11 +107,13 @@ def evaluation_plan(config: Any, policy: program.Program, out: plans.Plan,
 
 
 def batches(config: Any, source: Any, tokenizer: Any, runtime: Any,
-            seed: int, transform: Any = None) -> pipeline.Pipeline:
+            seed: int, transform: Any = None,
+            processing: Any = None) -> pipeline.Pipeline:
   """The training pipeline: completion-masked sequences (each example's
-  through `transform`, by default the dataset's format), packed into rows
-  of max_length or padded to length buckets (max_length when several
-  processes must agree on one shape)."""
+  through `transform`, by default the dataset's format, with its images
+  through `processing`), packed into rows of max_length or padded to
+  length buckets (max_length when several processes must agree on one
+  shape)."""
   length = config.data.max_length
   fixed = config.data.packing or runtime.process_count > 1
   pad = lambda rows: pipeline.pad_batch(
@@ -116,7 +121,7 @@ def batches(config: Any, source: Any, tokenizer: Any, runtime: Any,
           max(len(r['tokens']) for r in rows))), tokenizer.pad_id)
   transform = transform or formats.sft_transform(
       config.data.name, tokenizer, length, config.data.overlong,
-      config.data.chat)
+      config.data.chat, processing)
   return pipeline.Pipeline(
       source, transform,
       batch_size=config.batch_size, seed=seed, num_epochs=None,
@@ -141,14 +146,16 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   tokenizer = blocks.tokenizer(config.model)
   spec = pipeline.DataSpec.from_block(config.data)
   sources, _ = pipeline.prepare(spec, runtime)
+  processing = image_processing(config, policy.model().cfg)
   data = batches(config, sources['train'], tokenizer, runtime, config.seed,
-                 transform and transform(tokenizer))
+                 transform and transform(tokenizer), processing)
   sampler = make_sampler(policy.model(), tokenizer, mesh=mesh, rules=rules,
                          runtime=runtime,
                          sync_budget=reshard.Budget.from_block(
                              config.runtime))
   session = loop.Session(name, config, runtime, workdir, policy.state, data)
-  evaluation, tools = evaluation(sources['test'], sampler, tokenizer, mesh)
+  evaluation, tools = evaluation(sources['test'], sampler, tokenizer, mesh,
+                                 processing)
 
   @functools.cache  # the last step may be an eval_every step too
   def evaluate_now(step: int) -> dict[str, float]:
@@ -185,15 +192,29 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
 
 
 def exact_match(config: Any, verifier: Callable, source: Any, sampler: Any,
-                tokenizer: Any, mesh: Any) -> tuple[Callable, None]:
+                tokenizer: Any, mesh: Any,
+                processing: Any = None) -> tuple[Callable, None]:
   """Greedy accuracy on the held-out split, each completion judged by
   `verifier` (the job's `eval_verifier`)."""
   del mesh
-  prompts, answers = setup.heldout(config.data.name, source, tokenizer,
-                                   config.eval_examples, config.data.chat)
+  prompts, answers, pixels = setup.heldout(
+      config.data.name, source, tokenizer, config.eval_examples,
+      config.data.chat, processing)
   return (lambda: {f'eval/{k}': v for k, v in evaluate.exact_match(
       sampler, tokenizer, prompts, answers, config.eval_max_new_tokens,
-      config.eval_batch_size, verifier).items()}), None
+      config.eval_batch_size, verifier, pixels).items()}), None
+
+
+def image_processing(config: Any, cfg: Any) -> Any:
+  """A vision-language model's image preprocessing (None for data
+  without images)."""
+  if config.data.name not in formats.PICTURED:
+    return None
+  if not cfg.vision:
+    raise UsageError(f'--config.data.name={config.data.name!r} has images, '
+                     f'but the {cfg.family} model has no vision tower.')
+  return images.Processing.for_model(blocks.tokenizer_source(config.model),
+                                     cfg.vision)
 
 
 def reached(config: Any, result: dict[str, float], runtime: Any) -> bool:
