@@ -81,19 +81,22 @@ def sft_transform(name: str, tokenizer: Tokenizer, max_length: int,
 
 
 def prompt_transform(name: str, tokenizer: Tokenizer, max_prompt_length: int,
-                     chat: bool) -> Callable:
-  """Example -> a prompt for generation and the answer a reward checks;
-  prompts over `max_prompt_length` tokens are dropped (counted)."""
+                     chat: bool,
+                     processing: images_lib.Processing | None = None
+                     ) -> Callable:
+  """Example -> a prompt for generation and the answer a reward checks
+  (and with `processing`, its images); prompts over `max_prompt_length`
+  tokens are dropped (counted)."""
 
   def transform(example, counters):
     counters.examples += 1
-    prompt, _ = prompt_and_answer(name, example)
-    ids = tokenizers.encode_prompt(tokenizer, prompt, chat)
+    ids, pixels = prompt_ids(name, example, tokenizer, chat, processing)
     if len(ids) > max_prompt_length:
       counters.dropped += 1
       return None
     return dict(prompt=ids, answer=reference_answer(name, example),
-                index=example['index'])
+                index=example['index'],
+                **({} if pixels is None else {'images': pixels}))
 
   return transform
 

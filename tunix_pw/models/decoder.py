@@ -263,14 +263,20 @@ class Decoder(nnx.Module):
             ) -> tuple[jax.Array, jax.Array | None]:
     """The input embeddings [B, T, D], with `images`' soft tokens in place
     of the image tokens, and the image blocks (`vision.image_blocks`; None
-    without images)."""
+    without images). A row's image tokens past its images' (a batch's
+    rows with fewer images than the most hold zero images there) take
+    those slots' tokens."""
     cfg = self.cfg
     is_image = None
     if images is not None:
       if not cfg.vision:
         raise ValueError(f'images given to a {cfg.family} model without a '
                          'vision tower')
+      # The images' tokens come first; an image token after them (one a
+      # sampler drew) stays text, as the sampler's decode steps read it.
       is_image = tokens == cfg.vision.image_token
+      is_image &= jnp.cumsum(is_image, axis=1) <= (
+          images.shape[1] * cfg.vision.tokens_per_image)
       tokens = jnp.where(is_image, 0, tokens)
     x = jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)
     if cfg.embed_scale:

@@ -298,9 +298,12 @@ class HFTokenizer:
     return self.encode(text, add_special_tokens=not self.template)
 
 
-# What save_pretrained writes for a tokenizer (those a directory has).
+# What save_pretrained writes for a tokenizer and a processor (those a
+# directory has).
 FILES = ('tokenizer.json', 'tokenizer.model', 'tokenizer_config.json',
-         'special_tokens_map.json', 'added_tokens.json', 'chat_template.jinja')
+         'special_tokens_map.json', 'added_tokens.json', 'chat_template.jinja',
+         # a vision-language model's processor: its image preprocessing
+         'preprocessor_config.json', 'processor_config.json')
 
 
 def save(source: str, directory: str) -> None:

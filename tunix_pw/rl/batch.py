@@ -41,6 +41,9 @@ class Group:
   # Per completion token, its advantage from a tree rollout's structure
   # (sampling/tree.py); None: the group advantage of the rewards.
   token_advantages: list[list[float]] | None = None
+  # The prompt's images [N, C, H, W] (a vision-language model's); None:
+  # a text prompt.
+  images: np.ndarray | None = None
 
   @property
   def informative(self) -> bool:
@@ -60,7 +63,9 @@ def to_arrays(groups: Sequence[Group], weights: Sequence[float],
       rows.append(dict(tokens=group.prompt + completion,
                        loss_mask=[0] * len(group.prompt) + (
                            group.masks[i] if group.masks
-                           else [1] * len(completion))))
+                           else [1] * len(completion)),
+                       **({} if group.images is None
+                          else {'images': group.images})))
       row_weights.append(weight)
   out = dict(pipeline.pad_batch(rows, length, pad_id),
              weights=np.asarray(row_weights, np.float32))
@@ -181,7 +186,9 @@ def _generate(sampler: Any, prompts: list[dict[str, Any]], rl: Any,
                                   tree_lib.TreeShape.from_block(rl.tree))
     out = grown.completions
   else:
-    out = sampler.generate([p['prompt'] for p in prompts], sampling)
+    out = sampler.generate([p['prompt'] for p in prompts], sampling,
+                           **({'images': [p['images'] for p in prompts]}
+                              if 'images' in prompts[0] else {}))
   tokens, logprobs, lengths = fetch((out.tokens, out.logprobs, out.lengths))
   decoded = grown.decoded() if grown else int(lengths.sum())
   counts['generated'] += decoded
@@ -226,7 +233,8 @@ def _score(generated: _Generated, tokenizer: Any, rl: Any,
         prompt['prompt'], prompt['answer'], completions, truncated, total,
         per_fn, [generated.logprobs[r] for r in rows], dataset,
         versions=generated.versions and [generated.versions[r]
-                                         for r in rows]))
+                                         for r in rows],
+        images=prompt.get('images')))
   if generated.tree:
     t = rl.tree
     advantages = tree_lib.advantages(

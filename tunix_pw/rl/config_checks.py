@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tunix_pw import checks, registry
+from tunix_pw.data import formats
 from tunix_pw.errors import UsageError
 from tunix_pw.models import checkpoints
 from tunix_pw.rl import asynchronous, functions, plan as plan_lib
@@ -52,6 +53,13 @@ def validate(config: Any) -> None:
       raise UsageError(f'--config.rl.tree.chains={rl.tree.chains}: a tree '
                        'rollout decodes in its own segments; set '
                        '--config.rl.decode_chunk=0.')
+    pictured = [block.name for block, _, _ in
+                prompts_lib.datasets(config).values()
+                if block.name in formats.PICTURED]
+    if pictured:
+      raise UsageError(f'--config.rl.tree.chains={rl.tree.chains}: a tree '
+                       f'rollout grows no image prompts yet ({pictured[0]} '
+                       'has images); set tree.chains=0.')
   samples = rl.prompts_per_step * rl.num_generations
   if rl.dynamic_sampling and rl.num_generations < 2:
     raise UsageError('--config.rl.dynamic_sampling drops groups of equal '

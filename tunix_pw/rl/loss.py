@@ -17,7 +17,8 @@ from tunix_pw.train import step as step_lib
 
 def token_logps(model, tokens, positions, segments,
                 shard: Sharder = Sharder(), temperature: float = 1.0,
-                chunk: int = 0, also: tuple[Any, Any] | None = None):
+                chunk: int = 0, also: tuple[Any, Any] | None = None,
+                images: jax.Array | None = None):
   """log p(token t+1 | ...) at every position [N, T-1], and the entropy,
   of softmax(logits / temperature): the distribution the sampler draws
   from at that temperature (before top-k and top-p), so that the
@@ -25,11 +26,12 @@ def token_logps(model, tokens, positions, segments,
   describe one policy. `shard` keeps the activations on the mesh's data
   axes. The logits exist `rl.logits_chunk` positions at a time
   (`step_lib.next_token_stats`), never [N, T, V] whole; `also` (fn,
-  inputs): fn(logits, inputs at the same positions), returned third."""
+  inputs): fn(logits, inputs at the same positions), returned third.
+  `images`: each row's (a vision-language model's)."""
   out = step_lib.next_token_stats(
       model, tokens, positions, segments,
       lambda logits, targets: logp_entropy(logits, targets, temperature),
-      shard=shard, chunk=chunk, also=also)
+      shard=shard, chunk=chunk, also=also, images=images)
   return jax.tree.map(lambda a: a[:, :-1], out)
 
 
@@ -61,7 +63,7 @@ def rl_loss(model, batch, rng, *, rl: Any, distill: Any = None,
       model, batch['tokens'], batch['positions'], batch['segment_ids'],
       shard, rl.temperature, rl.logits_chunk,
       (lambda logits, t: distill_losses.logit_divergence(logits, t, distill),
-       teacher) if teacher else None)
+       teacher) if teacher else None, batch.get('images'))
   mask = batch['loss_mask'][:, 1:].astype(jnp.float32)
   old = batch.get('old_logps', jax.lax.stop_gradient(logp))
   per_token, clipped = registry.get('policy_loss', rl.policy_loss)(

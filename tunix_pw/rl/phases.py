@@ -94,9 +94,10 @@ def training_arrays(result: Rollout, rl: Any, length: int,
 
 def chunked_logps(program: Callable, state: Any, arrays: dict[str, Any],
                   mesh: Any, rules: Any, size: int) -> Any:
-  """`program(state, rows)` over the sequences, `size` rows at a time (its
-  outputs: an array or a dict of them, batch first)."""
-  sequences = {k: arrays[k] for k in SEQUENCES}
+  """`program(state, rows)` over the sequences (and their images, a
+  vision-language model's), `size` rows at a time (its outputs: an array
+  or a dict of them, batch first)."""
+  sequences = {k: arrays[k] for k in SEQUENCES + ('images',) if k in arrays}
   return jax.tree.map(lambda *parts: jnp.concatenate(parts), *[
       program(state, on_mesh({k: v[i:i + size] for k, v in sequences.items()},
                              mesh, rules))

@@ -38,7 +38,7 @@ def make_logps(config: Any, mesh, graphdef):
   return jax.jit(lambda state, b: loss_lib.token_logps(
       nnx.merge(graphdef, state), b['tokens'], b['positions'],
       b['segment_ids'], shard, config.rl.temperature,
-      config.rl.logits_chunk)[0])
+      config.rl.logits_chunk, images=b.get('images'))[0])
 
 
 def from_teacher(rl: Any) -> bool:

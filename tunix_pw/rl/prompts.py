@@ -57,16 +57,19 @@ def prompts(config: Any, runtime: backend.Runtime, tokenizer: Any):
   for name, (block, _, rewards) in entries.items():
     spec = pipeline.DataSpec.from_block(block)
     sources, _ = pipeline.prepare(spec, runtime)
+    processing = setup.image_processing(block, config.model)
     streams[name] = pipeline.Pipeline(
         sources['train'], formats.prompt_transform(
-            spec.name, tokenizer, rl.max_prompt_length, block.chat),
+            spec.name, tokenizer, rl.max_prompt_length, block.chat,
+            processing),
         batch_size=rl.prompts_per_step if len(entries) == 1 else 1,
         seed=config.seed, num_epochs=None,
         what=f'the train split of {spec.name}',
         dropping=f'prompts longer than --config.rl.max_prompt_length='
         f'{rl.max_prompt_length} tokens are dropped')
     heldout[name] = setup.heldout(spec.name, sources['test'], tokenizer,
-                                  config.eval_examples, block.chat)[:2]
+                                  config.eval_examples, block.chat,
+                                  processing)
     reward_weights[name] = rewards_lib.parse_weights(rewards)
   data = streams[''] if '' in streams else mixture.Mixture(
       streams, {n: w for n, (_, w, _) in entries.items()},

@@ -68,6 +68,13 @@ def exact_answer(sample: Sample) -> float:
   return float(numbers_equal(sample.completion, sample.answer))
 
 
+@register('reward', 'exact')
+def exact(sample: Sample) -> float:
+  """1 when the whole completion is the reference answer (surrounding
+  whitespace aside): one-word answers, such as the bars task's."""
+  return float(sample.completion.strip() == sample.answer.strip())
+
+
 @register('reward', 'reward_model')
 def reward_model(sample: Sample) -> float:
   """The reward model's score of prompt + completion (a model loaded from

@@ -190,10 +190,10 @@ def evaluate_sets(parts: Parts, heldout: dict[str, Any]) -> dict[str, float]:
       phases.sampling(config.rl, config.seed),
       temperature=config.eval_temperature) if config.eval_k else None
   verifier = rewards.verifier(config.eval_verifier, config.rl.rewards)
-  for name, (prompts_ids, answers) in heldout.items():
+  for name, (prompts_ids, answers, pixels) in heldout.items():
     result = evaluate.exact_match(parts.sampler, parts.tokenizer, prompts_ids,
                                   answers, config.rl.max_new_tokens,
-                                  config.eval_batch_size, verifier)
+                                  config.eval_batch_size, verifier, pixels)
     if sampling:
       result.update(evaluate.sampled(
           parts.sampler, parts.tokenizer, prompts_ids, answers,

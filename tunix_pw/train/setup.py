@@ -10,7 +10,7 @@ from flax import nnx
 import jax
 
 from tunix_pw import registry, workdir as workdir_lib
-from tunix_pw.data import formats
+from tunix_pw.data import formats, images
 from tunix_pw.data.builders import decode
 from tunix_pw.errors import UsageError
 from tunix_pw.models import blocks, checkpoints, hf, lora, tokenizers
@@ -145,6 +145,19 @@ def split(model: nnx.Module, use_lora: bool):
     return nnx.split(model, lora.LoRAParam, ...)
   graphdef, params = nnx.split(model)
   return graphdef, params, None
+
+
+def image_processing(data: Any, model: Any) -> images.Processing | None:
+  """The image preprocessing of a data block read by a model block's
+  vision-language model (None for data without images)."""
+  if data.name not in formats.PICTURED:
+    return None
+  cfg = blocks.architecture(model)
+  if not cfg.vision:
+    raise UsageError(f'--config.data.name={data.name!r} has images, but '
+                     f'the {cfg.family} model has no vision tower.')
+  return images.Processing.for_model(blocks.tokenizer_source(model),
+                                     cfg.vision)
 
 
 def heldout(name: str, source: Any, tokenizer: Tokenizer, count: int,

@@ -15,7 +15,7 @@ import functools
 from typing import Any
 
 from tunix_pw import checks, console
-from tunix_pw.data import formats, images, pipeline
+from tunix_pw.data import formats, pipeline
 from tunix_pw.errors import UsageError
 from tunix_pw.models import blocks, checkpoints
 from tunix_pw.runtime import backend, meshes as meshes_lib, reshard
@@ -146,7 +146,7 @@ def run(config: Any, runtime: backend.Runtime, meshes: meshes_lib.RoleMeshes,
   tokenizer = blocks.tokenizer(config.model)
   spec = pipeline.DataSpec.from_block(config.data)
   sources, _ = pipeline.prepare(spec, runtime)
-  processing = image_processing(config, policy.model().cfg)
+  processing = setup.image_processing(config.data, config.model)
   data = batches(config, sources['train'], tokenizer, runtime, config.seed,
                  transform and transform(tokenizer), processing)
   sampler = make_sampler(policy.model(), tokenizer, mesh=mesh, rules=rules,
@@ -204,17 +204,6 @@ def exact_match(config: Any, verifier: Callable, source: Any, sampler: Any,
       sampler, tokenizer, prompts, answers, config.eval_max_new_tokens,
       config.eval_batch_size, verifier, pixels).items()}), None
 
-
-def image_processing(config: Any, cfg: Any) -> Any:
-  """A vision-language model's image preprocessing (None for data
-  without images)."""
-  if config.data.name not in formats.PICTURED:
-    return None
-  if not cfg.vision:
-    raise UsageError(f'--config.data.name={config.data.name!r} has images, '
-                     f'but the {cfg.family} model has no vision tower.')
-  return images.Processing.for_model(blocks.tokenizer_source(config.model),
-                                     cfg.vision)
 
 
 def reached(config: Any, result: dict[str, float], runtime: Any) -> bool:
