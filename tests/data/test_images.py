@@ -4,11 +4,12 @@ tokens, saved together the way checkpoints ship them): pixel values and
 input ids equal on images of several sizes, aspect ratios and modes, with
 pan and scan on and off."""
 
+import importlib.util
+
 import numpy as np
 from PIL import Image
 import pytest
 
-from tests.models import hf_models
 from tunix_pw.data import images
 from tunix_pw.errors import UsageError
 from tunix_pw.models import tokenizers
@@ -26,6 +27,7 @@ def processor(directory: str, on: bool):
   """The processor, saved into `directory` with a checkpoint's files. (A
   Gemma3Processor call applies its own pan-and-scan defaults over the
   image processor's settings: the test passes them to each call.)"""
+  from tests.models import hf_models  # pylint: disable=g-import-not-at-top
   return hf_models.vision_checkpoint(directory, pan_and_scan(on))[1]
 
 
@@ -43,6 +45,9 @@ PICTURES = [(40, 40, 'RGB'), (100, 30, 'RGB'), (27, 70, 'RGB'),
             (33, 90, 'P')]
 
 
+@pytest.mark.skipif(not importlib.util.find_spec('transformers'),
+                    reason='transformers is not installed (the test-core '
+                    'extra)')
 @pytest.mark.parametrize('on', [False, True], ids=['whole', 'pan_and_scan'])
 def test_pixels_and_ids_equal_the_transformers_processor(tmp_path, on):
   reference = processor(str(tmp_path), on)
