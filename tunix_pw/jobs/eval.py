@@ -22,7 +22,7 @@ from tunix_pw.runtime.preemption import Preemption
 from tunix_pw.sampling.rollout import SamplingConfig
 from tunix_pw.sampling.sampler import make_sampler
 from tunix_pw.train import evaluate, setup
-from tunix_pw.train.step import token_nll
+from tunix_pw.train.step import model_token_nll
 
 MODES = ('exact_match', 'loss')
 
@@ -50,11 +50,10 @@ def heldout_loss(model, tokenizer, config, source) -> dict[str, float]:
           if r is not None]
 
   @jax.jit
-  def sums(model, batch):
-    logits, _ = model(batch['tokens'], batch['positions'],
-                      batch['segment_ids'])
-    nll, weight, _ = token_nll(logits, batch['tokens'], batch['loss_mask'],
-                               batch['segment_ids'])
+  def sums(model, batch):  # the logits a chunk of positions at a time
+    nll, weight, _ = model_token_nll(model, batch['tokens'],
+                                     batch['positions'], batch['segment_ids'],
+                                     batch['loss_mask'])
     return (nll * weight).sum(), weight.sum()
 
   total, count = 0.0, 0.0
