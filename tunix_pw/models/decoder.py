@@ -263,9 +263,9 @@ class Decoder(nnx.Module):
             ) -> tuple[jax.Array, jax.Array | None]:
     """The input embeddings [B, T, D], with `images`' soft tokens in place
     of the image tokens, and the image blocks (`vision.image_blocks`; None
-    without images). A row's image tokens past its images' (a batch's
-    rows with fewer images than the most hold zero images there) take
-    those slots' tokens."""
+    without images). Only a row's first I x tokens_per_image image tokens
+    are images (I: `images`' second axis; a row with fewer images has
+    zero images in the rest of its slots)."""
     cfg = self.cfg
     is_image = None
     if images is not None:
